@@ -1,0 +1,75 @@
+"""The three environment controls, parsed once and validated against the registered patch ids.
+
+FLASHFIX_DISABLE   ``all`` or a comma-separated list of patch ids
+FLASHFIX_STRICT    ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (default off)
+FLASHFIX_LOG_LEVEL a ``logging`` level name (default ``INFO``)
+
+A malformed value produces one message that names the variable, the value and what is
+accepted (for FLASHFIX_DISABLE, the valid patch ids). Outside strict mode the bad part is
+ignored and flashfix carries on; in strict mode it is a ``ConfigError``.
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("", "0", "false", "no", "off")
+LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+class ConfigError(ValueError):
+    """A FLASHFIX_* environment variable holds a value flashfix does not accept."""
+
+
+@dataclass(frozen=True)
+class Config:
+    disable_all: bool = False
+    disabled: frozenset = frozenset()
+    strict: bool = False
+    log_level: int = logging.INFO
+    problems: tuple = field(default=())  # one human sentence per malformed value
+
+    def is_disabled(self, patch_id):
+        return self.disable_all or patch_id in self.disabled
+
+
+def parse(valid_ids, environ=None):
+    """Read the FLASHFIX_* variables; ``valid_ids`` are the registered patch ids."""
+    env = os.environ if environ is None else environ
+    problems = []
+
+    strict_raw = env.get("FLASHFIX_STRICT", "").strip().lower()
+    if strict_raw in TRUE:
+        strict = True
+    else:
+        strict = False
+        if strict_raw not in FALSE:
+            problems.append(
+                "FLASHFIX_STRICT=%r is not a boolean; use 1 or 0 (treated as 0)" % env["FLASHFIX_STRICT"]
+            )
+
+    level_raw = env.get("FLASHFIX_LOG_LEVEL", "").strip().upper() or "INFO"
+    if level_raw in LEVELS:
+        log_level = getattr(logging, level_raw)
+    else:
+        log_level = logging.INFO
+        problems.append(
+            "FLASHFIX_LOG_LEVEL=%r is not a level; use one of %s (using INFO)"
+            % (env["FLASHFIX_LOG_LEVEL"], ", ".join(LEVELS))
+        )
+
+    disable_raw = env.get("FLASHFIX_DISABLE", "").strip()
+    disable_all = disable_raw.lower() == "all"
+    disabled = set()
+    if disable_raw and not disable_all:
+        items = [item.strip() for item in disable_raw.split(",")]
+        unknown = [item for item in items if item not in valid_ids]
+        disabled = {item for item in items if item in valid_ids}
+        if unknown:
+            problems.append(
+                "FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
+                % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids)))
+            )
+
+    return Config(disable_all, frozenset(disabled), strict, log_level, tuple(problems))

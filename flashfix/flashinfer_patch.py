@@ -1,0 +1,3 @@
+"""Placeholder: patches for flashinfer are declared here."""
+
+PATCHES = ()

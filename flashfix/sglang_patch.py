@@ -1,0 +1,3 @@
+"""Placeholder: patches for sglang are declared here."""
+
+PATCHES = ()

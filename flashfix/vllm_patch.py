@@ -1,0 +1,3 @@
+"""Placeholder: patches for vllm are declared here."""
+
+PATCHES = ()
