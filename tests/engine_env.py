@@ -27,8 +27,9 @@ RELEASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "sglang==0.5.13": ("2026-06-14", ()),
     "sglang==0.5.14": ("2026-06-29", ()),
     "sglang==0.5.17": ("2026-08-11", ()),
-    # 0.5.18 pins cuda-tile==1.6.0rc5, a stub that downloads from an unreachable host.
-    "sglang==0.5.18": ("2026-08-24", ("--override", "{overrides}")),
+    # 0.5.18 pins cuda-tile==1.6.0rc5, a stub that downloads from an unreachable host; the
+    # real cuda-tile 1.6.0 that replaces it was published on 2026-09-10, after the cutoff.
+    "sglang==0.5.18": ("2026-08-24", ("--override", "{overrides}", "--exclude-newer-package", "cuda-tile=2026-09-12")),
     "sglang==0.5.23": ("2026-11-02", ()),
 }
 OVERRIDES = "cuda-tile==1.6.0\n"

@@ -1,0 +1,3 @@
+from flashfix._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""The patching mechanism, with a fake engine (the only fake in the suite). Every scenario
+runs in a fresh interpreter because import order is what is being tested."""
+
+from conftest import run_py
+
+
+def test_hook_fires_on_later_import(fake_site):
+    site = fake_site()
+    (r,), proc = run_py('''
+        use_fake()
+        before = state()["state"]
+        import fakeeng.core as core
+        from fakeeng.core import helper
+        e = core.Engine()
+        ran_before = state()["ran"]
+        value = e.compute(5)
+        report(before=before, after=state()["state"], value=value, other=e.other(), ran_before=ran_before,
+               ran_after=state()["ran"], value_again=e.compute(5))
+    ''', site)
+    assert r["before"] == "waiting"
+    assert r["after"] == "applied"
+    assert r["value"] == 7 and r["value_again"] == 7  # helper(x, 2) instead of helper(x, 1)
+    assert r["other"] == "patched other"
+    assert r["ran_before"] is False and r["ran_after"] is True
+    assert proc.stderr.count("applied fake-compute") == 1
+    assert "pid" in proc.stderr
+
+
+def test_already_imported_module_is_patched_at_once(fake_site):
+    site = fake_site()
+    (r,), _ = run_py('''
+        import fakeeng.core as core
+        original = core.Engine.compute
+        use_fake()
+        report(state=state()["state"], value=core.Engine().compute(1), same=core.Engine.compute is original)
+    ''', site)
+    assert r == {"state": "applied", "value": 3, "same": True}
+
+
+def test_marker_leaves_the_code_after_first_run(fake_site):
+    site = fake_site()
+    (r,), _ = run_py('''
+        use_fake()
+        import fakeeng.core as core
+        from flashfix import _registry
+        change = _registry._sites["fake-compute:Engine.compute"]
+        first = core.Engine.compute.__code__ is change.marked
+        core.Engine().compute(1)
+        report(first=first, then_plain=core.Engine.compute.__code__ is change.plain,
+               names=list(core.Engine.compute.__code__.co_names))
+    ''', site)
+    assert r["first"] and r["then_plain"]
+    assert "mark_ran" not in r["names"]
+
+
+def test_idempotent_across_activation_paths(fake_site):
+    site = fake_site()
+    (r,), proc = run_py('''
+        import flashfix, importlib
+        from flashfix import _plugin
+        use_fake()
+        _plugin.register()
+        import fakeeng.core as core
+        flashfix.activate(); _plugin.register(); use_fake()
+        import fake_patches
+        report(prepares=len(fake_patches.calls), value=core.Engine().compute(1), state=state()["state"],
+               finders=sum(1 for f in sys.meta_path if getattr(f, "flashfix_finder", False)))
+    ''', site)
+    assert r == {"prepares": 1, "value": 3, "state": "applied", "finders": 1}
+    assert proc.stderr.count("applied fake-compute") == 1
+
+
+def test_atomic_second_part_failure_leaves_nothing_applied(fake_site):
+    site = fake_site()
+    (r,), proc = run_py('''
+        import fakeeng.core as core
+        original_code = core.Engine.compute.__code__
+        original_other = core.Engine.__dict__["other"]
+        use_fake()
+        s = state()
+        report(state=s["state"], reason=s["reason"], code_same=core.Engine.compute.__code__ is original_code,
+               other_same=core.Engine.__dict__["other"] is original_other, value=core.Engine().compute(1))
+    ''', site, env={"FAKE_SECOND_PART": "break"})
+    assert r["state"] == "failed"
+    assert "second part cannot apply" in r["reason"]
+    assert r["code_same"] and r["other_same"] and r["value"] == 2
+    assert "left as it was" in proc.stderr
+
+
+def test_revert_restores_the_same_objects(fake_site):
+    site = fake_site()
+    (r,), _ = run_py('''
+        import fakeeng.core as core
+        compute, code, other = core.Engine.compute, core.Engine.compute.__code__, core.Engine.__dict__["other"]
+        use_fake()
+        patched = core.Engine().compute(1)
+        import flashfix
+        flashfix.revert()
+        report(patched=patched, value=core.Engine().compute(1), func=core.Engine.compute is compute,
+               code=core.Engine.compute.__code__ is code, other=core.Engine.__dict__["other"] is other,
+               state=state()["state"], reason=state()["reason"])
+    ''', site)
+    assert r["patched"] == 3 and r["value"] == 2
+    assert r["func"] and r["code"] and r["other"]
+    assert r["state"] == "disabled" and "revert" in r["reason"]
+
+
+def test_fixed_upstream_and_version_gate(fake_site):
+    site = fake_site(engine_source=FIXED_ENGINE)
+    (r,), _ = run_py('''
+        import fakeeng.core as core
+        code = core.Engine.compute.__code__
+        use_fake()
+        report(state=state()["state"], same=core.Engine.compute.__code__ is code)
+    ''', site)
+    assert r == {"state": "fixed-upstream", "same": True}
+
+
+def test_pre_fix_shape_outside_version_range_is_unknown(fake_site):
+    site = fake_site(version="3.0")
+    (r,), proc = run_py('''
+        import fakeeng.core as core
+        code = core.Engine.compute.__code__
+        use_fake()
+        report(state=state()["state"], reason=state()["reason"], same=core.Engine.compute.__code__ is code)
+    ''', site)
+    assert r["state"] == "unknown-shape" and r["same"]
+    assert "outside <2" in r["reason"]
+    # out of the affected range, even strict mode leaves the engine running
+    _, proc = run_py('use_fake(); import fakeeng.core', site, env={"FLASHFIX_STRICT": "1"})
+    assert proc.returncode == 0
+
+
+def test_source_changed_after_import_is_unknown_shape_and_strict_fails_loudly(fake_site):
+    site = fake_site()
+    code = '''
+        import fakeeng.core as core, pathlib
+        p = pathlib.Path(core.__file__)
+        p.write_text(p.read_text().replace("helper(x, 1)", "helper(x, 1) * 1"))
+        use_fake()
+        report(state=state()["state"], reason=state()["reason"], value=core.Engine().compute(1))
+    '''
+    (r,), _ = run_py(code, site)
+    assert r["state"] == "unknown-shape"
+    assert "differs from the loaded code" in r["reason"]
+    assert r["value"] == 2
+    # strict: an affected version whose code has an unknown shape fails at the engine's import
+    site = fake_site(engine_source="class Engine:\n    pass\n")
+    _, proc = run_py('use_fake(); import fakeeng.core', site, env={"FLASHFIX_STRICT": "1"}, check=False)
+    assert proc.returncode != 0
+    assert "PatchError" in proc.stderr and "fake-compute" in proc.stderr and "no Engine.compute" in proc.stderr
+    _, proc = run_py('use_fake(); import fakeeng.core', site)
+    assert proc.returncode == 0 and "left untouched: no Engine.compute" in proc.stderr
+
+
+def test_disable_by_id_and_all(fake_site):
+    site = fake_site()
+    (r,), _ = run_py('''
+        use_fake()
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(1))
+    ''', site, env={"FLASHFIX_DISABLE": "fake-compute"})
+    assert r == {"state": "disabled", "value": 2}
+    (r,), _ = run_py('''
+        import flashfix
+        use_fake()
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(1),
+               finder=any(getattr(f, "flashfix_finder", False) for f in sys.meta_path))
+    ''', site, env={"FLASHFIX_DISABLE": "all"})
+    assert r == {"state": "disabled", "value": 2, "finder": False}
+
+
+def test_bad_environment_values_give_one_clear_message(fake_site):
+    site = fake_site()
+    (r,), proc = run_py('''
+        use_fake()
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(1))
+    ''', site, env={"FLASHFIX_DISABLE": "fake-compute,nope", "FLASHFIX_STRICT": "maybe", "FLASHFIX_LOG_LEVEL": "LOUD"})
+    assert r == {"state": "disabled", "value": 2}
+    err = proc.stderr
+    assert err.count("unknown patch id(s) 'nope'") == 1
+    assert "valid: all, fake-compute" in err and "vllm-sink-prefill" in err
+    assert "FLASHFIX_STRICT='maybe' is not a boolean" in err
+    assert "FLASHFIX_LOG_LEVEL='LOUD' is not a level" in err
+    assert "Traceback" not in err
+    # strict mode turns a malformed value into a hard error at the engine's import, with the same sentence
+    _, proc = run_py('use_fake(); import fakeeng.core', site,
+                     env={"FLASHFIX_DISABLE": "nope", "FLASHFIX_STRICT": "1"}, check=False)
+    assert proc.returncode != 0 and "unknown patch id(s) 'nope'" in proc.stderr
+
+
+def test_failing_hook_never_breaks_the_import(fake_site):
+    site = fake_site()
+    (site / "fake_patches.py").write_text((site / "fake_patches.py").read_text().replace(
+        "def prepare(modules):", "def prepare(modules):\n    raise KeyError('boom')\n\ndef _unused(modules):"))
+    (r,), proc = run_py('''
+        use_fake()
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(1))
+    ''', site)
+    assert r == {"state": "failed", "value": 2}
+    assert "boom" in proc.stderr
+
+
+def test_log_level_quiets_info(fake_site):
+    site = fake_site()
+    _, proc = run_py('use_fake(); import fakeeng.core', site, env={"FLASHFIX_LOG_LEVEL": "warning"})
+    assert "applied fake-compute" not in proc.stderr
+
+
+def test_status_lists_every_patch_without_importing_engines():
+    (r,), _ = run_py('''
+        import flashfix
+        rows = flashfix.status()
+        report(ids=sorted(x["id"] for x in rows), keys=sorted(rows[0]),
+               heavy=[m for m in ("torch", "vllm", "sglang", "flashinfer", "wrapt") if m in sys.modules])
+    ''')
+    assert {"vllm-sink-prefill", "sglang-fp8-kv-scales", "sglang-sm120-fp8-autotune", "sglang-vision-config"} <= set(r["ids"])
+    assert {"id", "state", "reason", "engine_version", "ran"} <= set(r["keys"])
+    assert r["heavy"] == []
+
+
+FIXED_ENGINE = '''
+def helper(a, b):
+    return a + b
+
+class Engine:
+    def compute(self, x):
+        return helper(x, 2)
+
+    def other(self):
+        return "other"
+'''
