@@ -8,10 +8,10 @@ that raises is contained (reported through ``on_error``) unless it raises
 ``HookAbort``, which is how strict mode makes an import fail loudly.
 """
 
+import _thread
 import sys
-import threading
 
-_lock = threading.RLock()
+_lock = _thread.RLock()  # _thread, not threading: threading pulls in functools and collections
 _callbacks = {}  # module name -> list of callables taking the module
 _in_progress = set()  # names whose spec we are resolving (guards re-entry)
 

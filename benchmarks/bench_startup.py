@@ -1,0 +1,84 @@
+"""Start-up cost of flashfix's auto-activation, and the time of ``import flashfix``.
+
+Builds the wheel, makes three virtual environments from the same interpreter (flashfix
+absent; installed with bytecode compiled at install, as in an image; installed without
+compiled bytecode, which under PYTHONDONTWRITEBYTECODE=1 recompiles at every start), then
+times ``python -c pass`` in them, interleaved, and prints medians and ratios.
+
+    python benchmarks/bench_startup.py [--runs 40]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_env(root, name, wheel=None, compile_bytecode=True):
+    env = root / name
+    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(env)], check=True)
+    if wheel:
+        args = ["uv", "pip", "install", "-q", "--python", str(env / "bin" / "python"), str(wheel)]
+        if compile_bytecode:
+            args.insert(3, "--compile-bytecode")
+        subprocess.run(args, check=True)
+    return env / "bin" / "python"
+
+
+def wall(cmd, env):
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True)
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("FLASHFIX_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(root / "dist"), str(REPO)], check=True)
+        wheel = next((root / "dist").glob("*.whl"))
+        pythons = {
+            "absent": make_env(root, "absent"),
+            "compiled": make_env(root, "compiled", wheel, True),
+            "uncompiled": make_env(root, "uncompiled", wheel, False),
+        }
+        for python in pythons.values():  # warm the page cache
+            for _ in range(3):
+                wall([str(python), "-c", "pass"], env)
+        times = {name: [] for name in pythons}
+        for _ in range(args.runs):
+            for name, python in pythons.items():
+                times[name].append(wall([str(python), "-c", "pass"], env))
+        # import flashfix alone, in-process: the environment without flashfix, the compiled package on PYTHONPATH
+        site = subprocess.run([str(pythons["compiled"]), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              env=env, capture_output=True, text=True, check=True).stdout.strip()
+        probe = ("import time; t = time.perf_counter(); import flashfix; "
+                 "print((time.perf_counter() - t) * 1e3)")
+        imports = []
+        for _ in range(args.runs):
+            out = subprocess.run([str(pythons["absent"]), "-c", probe], env=dict(env, PYTHONPATH=site),
+                                 capture_output=True, text=True, check=True).stdout
+            imports.append(float(out))
+    base = statistics.median(times["absent"])
+    print("python %s, %d interleaved runs each, PYTHONDONTWRITEBYTECODE=1" % (sys.version.split()[0], args.runs))
+    print("| environment | median `python -c pass` | ratio to absent |")
+    print("| --- | --- | --- |")
+    for name in pythons:
+        med = statistics.median(times[name])
+        print("| flashfix %s | %.2f ms | %.3f |" % (name, med * 1e3, med / base))
+    print("`import flashfix` alone (bytecode compiled, hook installed, no engine): median %.3f ms"
+          % statistics.median(imports))
+
+
+if __name__ == "__main__":
+    main()
