@@ -140,8 +140,14 @@ _logging_ready = []
 
 def config():
     if not _config_cache:
+        load_all()  # FLASHFIX_DISABLE is checked against every patch id
         _config_cache.append(_config.parse(set(_patches)))
     return _config_cache[0]
+
+
+def setup_logging():
+    """Configure the ``flashfix`` logger once (level from FLASHFIX_LOG_LEVEL, stderr, process id)."""
+    _setup_logging(config())
 
 
 def _setup_logging(cfg):
