@@ -80,7 +80,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = "FLASHFIX_RESULT="
 
 
-def run(requirement: str, code: str, env: dict | None = None, timeout: int = 900) -> list:
+def run(requirement: str, code: str, env: dict | None = None, timeout: int = 900, pythonpath: str | None = None) -> list:
     """Run ``code`` in a fresh process of ``requirement``'s environment, flashfix importable from
     this checkout. The code reports by printing lines ``FLASHFIX_RESULT=<json>``; their values
     come back as a list. A non-zero exit raises with the process's output."""
@@ -88,7 +88,7 @@ def run(requirement: str, code: str, env: dict | None = None, timeout: int = 900
 
     python = env_python(requirement)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
-    full_env.update({"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    full_env.update({"PYTHONPATH": pythonpath or str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                      "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"})
     full_env.update(env or {})
     proc = subprocess.run([str(python), "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout)
@@ -96,4 +96,5 @@ def run(requirement: str, code: str, env: dict | None = None, timeout: int = 900
         raise AssertionError(
             f"{requirement}: exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         )
+    run.last_stderr = proc.stderr
     return [json.loads(line[len(RESULT):]) for line in proc.stdout.splitlines() if line.startswith(RESULT)]
