@@ -1,0 +1,83 @@
+"""Helpers shared by the GPU benchmark scripts: child processes (FlashInfer JIT-compiles
+each kernel variant once, ~70 s, so independent work runs in parallel processes, each with
+its own JIT cache directory unless it shares one on purpose), result lines and output."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT = "FLASHFIX_RESULT="
+sys.path.insert(0, REPO)
+
+
+def emit(payload):
+    """Print one result line (a child reports each row as soon as it has it)."""
+    print(RESULT + json.dumps(payload, default=repr), flush=True)
+
+
+def cache_dir(name):
+    base = os.environ.get("FLASHFIX_GPU_CACHE") or os.path.join(tempfile.gettempdir(), "flashfix-gpu-cache")
+    path = os.path.join(base, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+class Child:
+    """``python <script> <args>`` in the background; its result lines are collected as they come."""
+
+    def __init__(self, script, args, cache, env=None, deadline=None, label=None):
+        full = dict(os.environ)
+        full["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in full.get("PYTHONPATH", "").split(os.pathsep) if p])
+        full["FLASHINFER_WORKSPACE_BASE"] = cache
+        full["PYTHONUNBUFFERED"] = "1"
+        full.setdefault("MAX_JOBS", "4")
+        full.update(env or {})
+        self.label = label or " ".join(args)
+        self.results, self.log = [], []
+        self.start = time.time()
+        self.proc = subprocess.Popen([sys.executable, script] + list(args), env=full, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.deadline = deadline
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith(RESULT):
+                self.results.append(json.loads(line[len(RESULT):]))
+            else:
+                self.log.append(line.rstrip())
+
+    def wait(self):
+        timeout = None if self.deadline is None else max(1.0, self.deadline - time.time())
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.log.append("killed at the deadline")
+        self.thread.join(timeout=10)
+        self.wall_s = round(time.time() - self.start, 1)
+        return self
+
+    def failed(self):
+        return self.proc.returncode != 0
+
+    def tail(self, n=25):
+        return "\n".join(self.log[-n:])
+
+
+def deadline_from(argv_value):
+    """A wall-clock deadline ``argv_value`` seconds from now (None for no deadline)."""
+    return None if not argv_value else time.time() + float(argv_value)
+
+
+def header(info):
+    return "GPU: %s (SM %s), FlashInfer %s, torch %s, CUDA %s, flashfix %s" % (
+        info.get("gpu"), info.get("capability"), info.get("flashinfer"), info.get("torch"), info.get("cuda"),
+        info.get("flashfix"))
