@@ -167,6 +167,29 @@ def _def_node(func):
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
+def _top_level_imports(tree):
+    """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
+    names, stack = set(), list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name != "*")
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                stack.extend(getattr(node, field, None) or ())
+    return names
+
+
+def _imported_at_top(filename):
+    """``if False: import a, b`` for the names the original module imports at top level. The
+    compiler treats attribute calls on such names differently (since 3.11.x: ``LOAD_ATTR``, not
+    ``LOAD_METHOD``), so the recompiled code must see the same import bindings to match."""
+    names = sorted(_top_level_imports(parse_file(filename))) if os.path.isfile(filename) else []
+    if not names:
+        return []
+    return [ast.If(test=ast.Constant(False), body=[ast.Import([ast.alias(n) for n in names])], orelse=[])]
+
+
 def _compile(func, def_node):
     """Compile ``def_node`` as ``func``'s code: same file, lines, free variables and mangling."""
     code = func.__code__
@@ -200,7 +223,7 @@ def _compile(func, def_node):
     )
     if outer_args:  # make the names free variables of the inner function, as in the original
         outer.body.insert(0, ast.parse("(%s,)" % ", ".join(outer_args)).body[0])
-    module = ast.Module(body=[outer], type_ignores=[])
+    module = ast.Module(body=_imported_at_top(code.co_filename) + [outer], type_ignores=[])
     for n in ast.walk(module):
         if not hasattr(n, "lineno") or n.lineno is None:
             ast.copy_location(n, def_node)
