@@ -1,0 +1,360 @@
+"""vllm-sink-prefill against real vLLM releases from PyPI (no GPU needed, nothing skipped).
+
+Every engine import runs in a fresh process of that release's environment (tests/engine_env.py);
+``import vllm.v1.attention.backends.flashinfer`` takes about 25 s on CPU, so each process checks
+as much as it can and reports through ``FLASHFIX_RESULT=`` lines.
+
+* 0.27.1 (not affected), 0.28.0 and 0.33.0 (fixed upstream): doctor verdict with vLLM not
+  imported, runtime state after the import, engine functions untouched.
+* The pre-fix shape (a main-branch build between PRs #49718 and #52148, never released) is
+  derived at test time from the installed 0.28.0 source by removing what #52148 added
+  (tests/vllm_prefix_shape.py), written to a temporary file and imported under the real module
+  name. flashfix patches it; with FlashInfer's wrapper classes replaced by recorders and the GPU
+  capability faked, its prefill factory and forward call are compared argument by argument with
+  unmodified 0.28.0 across GPUs, sinks, causality, KV dtypes, scales and two layers.
+* Atomicity: when forward cannot be rewritten, nothing of the patch is applied.
+"""
+
+import ast
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS.parent))
+
+import engine_env  # noqa: E402
+import vllm_prefix_shape  # noqa: E402
+from flashfix import _registry, _source, vllm_patch  # noqa: E402
+
+PATCH = vllm_patch.PATCHES[0]
+TARGET = vllm_patch.TARGET
+
+HEADER = r"""
+import importlib, json, os, sys, tempfile
+sys.path.insert(0, %r)
+def report(value):
+    print("FLASHFIX_RESULT=" + json.dumps(value, default=str), flush=True)
+""" % str(TESTS)
+
+
+def installed_file(requirement):
+    python = engine_env.env_python(requirement)
+    found = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm" / "v1" / "attention"
+                          / "backends" / "flashinfer.py"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- releases: doctor and runtime -------------------------------------------------------------
+
+RELEASE_SCRIPT = HEADER + r"""
+import flashfix
+from flashfix import _hooks, _registry, _source, vllm_patch
+patch = vllm_patch.PATCHES[0]
+TARGET = vllm_patch.TARGET
+version = _registry.engine_version("vllm")
+verdict = _registry.judge(patch, {t: _source.module_ast(t) for t in patch.targets}, version)
+imported = sorted(m for m in ("vllm", "torch", "flashinfer") if m in sys.modules)
+
+originals = {}
+def capture(module):  # runs before flashfix's own hook for this module
+    originals["factory"] = module.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"]
+    originals["forward"] = module.FlashInferImpl.__dict__["forward"]
+    originals["code"] = originals["forward"].__code__
+    originals["globals"] = set(vars(module))
+_hooks.when_imported(TARGET, capture)
+
+mod = importlib.import_module(TARGET)
+row = next(r for r in flashfix.status() if r["id"] == patch.id)
+factory = mod.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"]
+forward = mod.FlashInferImpl.__dict__["forward"]
+report({
+    "version": version, "verdict": verdict, "imported_before": imported,
+    "state": row["state"], "reason": row["reason"], "ran": row["ran"],
+    "factory_same": factory is originals["factory"],
+    "forward_same": forward is originals["forward"],
+    "code_same": forward.__code__ is originals["code"],
+    "code_from_disk": _source._compile(forward, _source._def_node(forward)).co_code == forward.__code__.co_code,
+    "globals_same": set(vars(mod)) == originals["globals"],
+    "changes": len(_registry._records[patch.id]["changes"]),
+})
+"""
+
+
+@pytest.mark.parametrize("requirement, verdict", [
+    ("vllm==0.27.1", "not-affected"),
+    ("vllm==0.28.0", "fixed-upstream"),
+    ("vllm==0.33.0", "fixed-upstream"),
+])
+def test_release_doctor_and_runtime(requirement, verdict):
+    (result,) = engine_env.run(requirement, RELEASE_SCRIPT)
+    assert result["version"] == requirement.split("==")[1]
+    assert result["verdict"][0] == verdict, result
+    assert result["imported_before"] == [], "the doctor judgement imported %s" % result["imported_before"]
+    assert result["state"] == verdict, result
+    assert result["ran"] is False
+    for key in ("factory_same", "forward_same", "code_same", "code_from_disk", "globals_same"):
+        assert result[key] is True, (key, result)
+    assert result["changes"] == 0
+
+
+# --- the pre-fix shape, derived from 0.28.0 (AST only, no engine process) ---------------------
+
+
+def test_prefix_derivation_and_edit_match_upstream():
+    fixed_source = Path(installed_file("vllm==0.28.0")).read_text()
+    prefix_source = vllm_prefix_shape.derive_prefix_source(fixed_source)
+    prefix, fixed = ast.parse(prefix_source), ast.parse(fixed_source)
+
+    # the doctor: 0.28.0 fixed, the derived shape patchable (also as a dev build), old versions refused
+    assert _registry.judge(PATCH, {TARGET: fixed}, "0.28.0")[0] == "fixed-upstream"
+    for version in ("0.28.0", "0.27.2.dev41+g0123abc", "0.28.0.dev7", None):
+        assert _registry.judge(PATCH, {TARGET: prefix}, version)[0] == "patch", version
+    assert _registry.judge(PATCH, {TARGET: prefix}, "0.26.1")[0] == "unknown-shape"
+
+    # the pre-fix factory never names the sink wrapper; forward passes sinks= to the generic run
+    factory = _source.find_def(prefix, vllm_patch.FACTORY)
+    assert not vllm_patch._mentions(factory, vllm_patch.SINK_WRAPPER)
+    block, index, call = vllm_patch._find_sink_run(_source.find_def(prefix, vllm_patch.FORWARD))
+    assert ast.unparse(_source.keywords(call)["sinks"]) == "self.sinks"
+
+    # the edited forward is, statement for statement, 0.28.0's forward (marker aside)
+    forward = _source.find_def(prefix, vllm_patch.FORWARD)
+    mark = ast.Expr(ast.Constant("flashfix-mark"))
+    vllm_patch.edit_forward(forward, mark)
+    for parent in ast.walk(forward):
+        for field in ("body", "orelse"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and mark in block:
+                block.remove(mark)
+    assert ast.unparse(forward) == ast.unparse(_source.find_def(fixed, vllm_patch.FORWARD))
+
+    # forward shapes the edit must refuse
+    for bad in ("prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s, extra=1)",
+                "prefill_wrapper.run(q, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)",
+                "prefill_wrapper.run(q, kv, *more, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)",
+                "x = prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)",
+                "prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)\n"
+                "    prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)"):
+        node = ast.parse("def forward(self):\n    %s\n" % bad).body[0]
+        with pytest.raises(_source.ShapeError):
+            vllm_patch.edit_forward(node, ast.Pass())
+
+
+# --- the pre-fix shape, imported and patched: differential against 0.28.0 -------------------
+
+PREFIX_SCRIPT = HEADER + r"""
+import flashfix
+from flashfix import _hooks, _registry, _source, vllm_patch
+import vllm_prefix_shape as h
+
+patch = vllm_patch.PATCHES[0]
+TARGET, SINK = vllm_patch.TARGET, vllm_patch.SINK_WRAPPER
+fixed_path = _source.module_file(TARGET)
+prefix_path = h.install_prefix_module(tempfile.mkdtemp(), fixed_path)
+version = _registry.engine_version("vllm")
+res = {"doctor": _registry.judge(patch, {TARGET: _source.parse_file(prefix_path)}, version)}
+res["imported_before"] = sorted(m for m in ("vllm", "torch", "flashinfer") if m in sys.modules)
+
+originals = {}
+def capture(module):  # runs before flashfix's own hook for this module
+    originals["factory"] = module.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"]
+    originals["forward"] = module.FlashInferImpl.__dict__["forward"]
+    originals["code"] = originals["forward"].__code__
+    originals["sink_global"] = hasattr(module, SINK)
+_hooks.when_imported(TARGET, capture)
+
+mod = importlib.import_module(TARGET)
+res["loaded_prefix"] = mod.__file__ == prefix_path and not originals["sink_global"]
+row = next(r for r in flashfix.status() if r["id"] == patch.id)
+res["state"], res["ran_at_import"] = row["state"], row["ran"]
+swap = _registry._sites[patch.id + ":FlashInferImpl.forward"]
+res["factory_replaced"] = mod.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"] is not originals["factory"]
+res["forward_same_object"] = mod.FlashInferImpl.__dict__["forward"] is originals["forward"]
+res["forward_marked"] = mod.FlashInferImpl.forward.__code__ is swap.marked
+
+import torch
+from vllm.v1.attention.backends.utils import set_kv_cache_layout
+set_kv_cache_layout("NHD")  # vLLM's own override: no engine config in this process
+upstream = h.load_copy(fixed_path, "_flashfix_test_upstream_flashinfer")
+platform = mod.current_platform
+assert upstream.current_platform is platform
+platform_cls = type(platform)
+had_cap = "get_device_capability" in platform_cls.__dict__
+saved = {m: {n: getattr(m, n) for n in ("BatchPrefillWithPagedKVCacheWrapper", "BatchDCPPrefillWrapper", SINK)
+             if hasattr(m, n)} for m in (mod, upstream)}
+
+T, H, KVH, D = 5, 8, 2, 64
+torch.manual_seed(0)
+workspace = torch.zeros(64, dtype=torch.uint8)
+query = torch.randn(T, H, D, dtype=torch.bfloat16)
+key = torch.randn(T, KVH, D, dtype=torch.bfloat16)
+value = torch.randn(T, KVH, D, dtype=torch.bfloat16)
+output = torch.zeros(T, H, D, dtype=torch.bfloat16)
+shape = mod.FlashInferBackend.get_kv_cache_shape(4, 16, KVH, D)
+caches = {"bf16": (torch.zeros(shape, dtype=torch.bfloat16), "auto", torch.bfloat16),
+          "fp8": (torch.zeros(shape, dtype=torch.uint8), "fp8", torch.float8_e4m3fn)}
+layers = [(h.stand_in_layer(0.5, 0.25, 0.125), torch.randn(H, dtype=torch.float32)),
+          (h.stand_in_layer(2.0, 0.75, 1.5), torch.randn(H, dtype=torch.float32))]
+
+def scenario(module, cap, has_sinks, causal, kv, install_sink=True):
+    log = []
+    generic, sink, dcp = h.make_recorders(log)
+    module.BatchPrefillWithPagedKVCacheWrapper = generic
+    module.BatchDCPPrefillWrapper = dcp
+    if install_sink:
+        module.BatchAttentionWithAttentionSinkWrapper = sink
+    h.fake_capability(platform, cap)
+    kv_cache, impl_dtype, builder_dtype = caches[kv]
+    window = 127 if kv == "fp8" else -1  # a sliding window on the FP8 cases
+    builder = h.stand_in_builder(module.FlashInferMetadataBuilder, has_sinks=has_sinks, kv_dtype=builder_dtype,
+                                 q_dtype=torch.bfloat16, workspace=workspace, window_left=window)
+    wrapper = builder._get_prefill_wrapper(causal=causal)
+    log.append(["cached", builder._get_prefill_wrapper(causal) is wrapper])
+    for layer, sinks in layers:  # two layers, one builder, one shared wrapper
+        impl = h.stand_in_impl(module.FlashInferImpl, sinks=sinks if has_sinks else None, kv_cache_dtype=impl_dtype,
+                               num_heads=H, num_kv_heads=KVH, head_size=D, window_left=window)
+        wrapper._sm_scale, wrapper._causal, wrapper._window_left = impl.scale, causal, impl.window_left
+        meta = h.stand_in_metadata(module, wrapper, num_tokens=T, causal=causal, q_dtype=torch.bfloat16)
+        module.FlashInferImpl.forward(impl, layer, query, key, value, kv_cache, meta, output)
+    return log
+
+cases = [(cap, s, c, kv) for cap in (90, 100, 120, 121) for s in (True, False) for c in (True, False)
+         for kv in ("bf16", "fp8")]
+res["cases"], res["mismatch"], res["ran_order"], res["marked_order"] = len(cases), [], [], []
+sink_calls = []
+for case in cases:
+    ours, theirs = scenario(mod, *case), scenario(upstream, *case)
+    if ours != theirs:
+        res["mismatch"].append({"case": case, "flashfix": ours, "upstream": theirs})
+    kinds = sorted({entry[1] for entry in ours if entry[0] == "ctor"})
+    res["ran_order"].append([case, kinds, next(r for r in flashfix.status() if r["id"] == patch.id)["ran"]])
+    res["marked_order"].append([case, mod.FlashInferImpl.forward.__code__ is swap.marked])
+    if kinds == ["sink"]:
+        sink_calls.append([e for e in ours if e[0] == "run"])
+        res.setdefault("sink_examples", {})[repr(case)] = ours
+    elif case == (90, True, True, "fp8"):
+        res["generic_example"] = ours
+res["sinks_per_layer"] = [[call[2][1][2][-1] for call in calls] for calls in sink_calls]
+res["sinks_ptrs"] = [sinks.data_ptr() for _, sinks in layers]
+res["sink_scale_args"] = [[call[2][1][3] for call in calls] for calls in sink_calls][:1]
+
+# put the real classes back, then revert
+for m, names in saved.items():
+    for n, v in names.items():
+        setattr(m, n, v)
+flashfix.revert()
+res["after_revert"] = {
+    "factory": mod.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"] is originals["factory"],
+    "forward": mod.FlashInferImpl.__dict__["forward"] is originals["forward"],
+    "code": mod.FlashInferImpl.forward.__code__ is originals["code"],
+    "sink_global_gone": not hasattr(mod, SINK),
+    "state": next(r for r in flashfix.status() if r["id"] == patch.id)["state"],
+}
+# the unpatched pre-fix module: generic wrapper always, sinks handed to its run (the bug)
+bug = []
+for case in cases:
+    log = scenario(mod, *case, install_sink=False)
+    runs = [e for e in log if e[0] == "run"]
+    bug.append([case, sorted({e[1] for e in log if e[0] == "ctor"}), [e[3].get("sinks", "absent") for e in runs]])
+res["prefix_unpatched"] = bug
+for m, names in saved.items():
+    for n, v in names.items():
+        setattr(m, n, v)
+if not had_cap:
+    del platform_cls.get_device_capability
+report(res)
+"""
+
+
+def test_prefix_shape_patched_matches_upstream_0_28_0():
+    (res,) = engine_env.run("vllm==0.28.0", PREFIX_SCRIPT)
+    # doctor (vLLM not imported) and runtime state for the derived pre-fix module
+    assert res["doctor"][0] == "patch", res["doctor"]
+    assert res["imported_before"] == []
+    assert res["loaded_prefix"] is True
+    assert res["state"] == "applied" and res["ran_at_import"] is False
+    assert res["factory_replaced"] and res["forward_same_object"] and res["forward_marked"]
+
+    # differential: every case gives the same constructors and the same run calls as 0.28.0
+    assert res["cases"] == 32
+    assert res["mismatch"] == [], json.dumps(res["mismatch"][:2], indent=1)[:6000]
+    for case, kinds, _ in res["ran_order"]:
+        cap, sinks = case[0], case[1]
+        assert kinds == (["sink"] if sinks and cap in (120, 121) else ["generic"]), (case, kinds)
+    # each layer's own sinks reach its call, with its own q*k scale folded into the softmax scale
+    assert len(res["sinks_per_layer"]) == 8
+    for ptrs in res["sinks_per_layer"]:
+        assert ptrs == res["sinks_ptrs"]
+    scale = 64 ** -0.5
+    assert res["sink_scale_args"][0] == pytest.approx([scale * 0.5 * 0.25, scale * 2.0 * 0.75])
+    example = res["sink_examples"]["(121, True, False, 'fp8')"]
+    assert example[0][:2] == ["ctor", "sink"] and example[0][2][1][1] == "NHD"
+    assert example[0][3] == {"backend": "auto", "head_dim_qk": 64, "head_dim_vo": 64,
+                             "kv_data_type": ["dtype", "torch.float8_e4m3fn"],
+                             "q_data_type": ["dtype", "torch.bfloat16"], "window_left": 127}
+    assert [sorted(e[3]) for e in example[2:]] == [["out", "v_scale"]] * 2  # no q/k scale, no sinks keyword
+    assert [e[3]["v_scale"] for e in example[2:]] == [0.125, 1.5]
+
+    # `ran` and the forward marker: false/marked until the first SM12x sink case, then true/plain
+    first = next(i for i, (case, kinds, _) in enumerate(res["ran_order"]) if kinds == ["sink"])
+    assert first > 0
+    assert [ran for _, _, ran in res["ran_order"]] == [False] * first + [True] * (len(res["ran_order"]) - first)
+    assert [m for _, m in res["marked_order"]] == [True] * first + [False] * (len(res["marked_order"]) - first)
+
+    # revert restores the very objects and code
+    assert res["after_revert"] == {"factory": True, "forward": True, "code": True, "sink_global_gone": True,
+                                   "state": "disabled"}
+
+    # the derived pre-fix module is the bug: never the sink wrapper, sinks passed to the generic run
+    for case, kinds, sinks_kw in res["prefix_unpatched"]:
+        assert kinds == ["generic"], case
+        assert len(sinks_kw) == 2
+        if case[1]:
+            assert [s[-1] for s in sinks_kw] == res["sinks_ptrs"], case
+        else:
+            assert sinks_kw == [None, None], case
+
+
+# --- atomicity ------------------------------------------------------------------------------
+
+ATOMIC_SCRIPT = HEADER + r"""
+import flashfix
+from flashfix import _hooks, _registry, _source, vllm_patch
+import vllm_prefix_shape as h
+patch = vllm_patch.PATCHES[0]
+TARGET, SINK = vllm_patch.TARGET, vllm_patch.SINK_WRAPPER
+prefix_path = h.install_prefix_module(tempfile.mkdtemp(), _source.module_file(TARGET),
+                                      alter_loaded=h.forward_with_extra_statement)
+originals = {}
+def capture(module):
+    originals["factory"] = module.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"]
+    originals["code"] = module.FlashInferImpl.forward.__code__
+_hooks.when_imported(TARGET, capture)
+mod = importlib.import_module(TARGET)
+row = next(r for r in flashfix.status() if r["id"] == patch.id)
+report({
+    "doctor": _registry.judge(patch, {TARGET: _source.parse_file(prefix_path)}, _registry.engine_version("vllm")),
+    "state": row["state"], "reason": row["reason"],
+    "factory_same": mod.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"] is originals["factory"],
+    "code_same": mod.FlashInferImpl.forward.__code__ is originals["code"],
+    "sink_global": hasattr(mod, SINK),
+    "sites": sorted(_registry._sites), "changes": len(_registry._records[patch.id]["changes"]),
+})
+"""
+
+
+def test_atomic_when_forward_cannot_be_rewritten():
+    (res,) = engine_env.run("vllm==0.28.0", ATOMIC_SCRIPT)
+    assert res["doctor"][0] == "patch"  # the file on disk is the pre-fix shape ...
+    assert res["state"] == "unknown-shape", res  # ... but the loaded forward is not that file
+    assert "differs from the loaded code" in res["reason"]
+    assert res["factory_same"] and res["code_same"]
+    assert res["sink_global"] is False
+    assert res["sites"] == [] and res["changes"] == 0
