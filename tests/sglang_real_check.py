@@ -1,0 +1,304 @@
+"""Runs inside one real SGLang environment (tests/engine_env.py), in one process, and reports
+with ``FLASHFIX_RESULT=<json>`` lines; tests/test_sglang_real.py makes the assertions.
+
+Order: the doctor's judgement first (nothing of the engine imported), then the engine's real
+modules are imported (flashfix's hooks apply the patches), SGLang's own functions are
+exercised with the patches in place, ``flashfix.revert()`` puts the original code back, and
+the same exercises run again: the "without flashfix" column.
+"""
+
+import json
+import os
+import sys
+import tempfile
+from importlib.metadata import version
+from types import SimpleNamespace
+
+import flashfix
+from flashfix import _registry, _source
+
+
+def report(key, value):
+    print("FLASHFIX_RESULT=" + json.dumps({key: value}), flush=True)
+
+
+VERSION = version("sglang")
+patches = [p for p in _registry.load_all() if p.engine == "sglang"]
+report("doctor", {
+    "verdicts": {p.id: list(_registry.judge(p, {t: _source.module_ast(t) for t in p.targets}, VERSION))
+                 for p in patches},
+    "heavy": sorted(m for m in ("sglang", "torch", "flashinfer", "transformers") if m in sys.modules),
+})
+
+import torch  # noqa: E402
+
+import sglang.srt.configs.model_config as model_config  # noqa: E402
+import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
+import sglang.srt.model_executor.model_runner  # noqa: E402,F401
+from flashfix import sglang_patch  # noqa: E402
+
+status = {row["id"]: row for row in flashfix.status() if row["engine"] == "sglang"}
+report("status", {k: {"state": v["state"], "reason": v["reason"], "ran": v["ran"]} for k, v in status.items()})
+
+
+def untouched(func):
+    """The function runs exactly the code of its source file (recompiling it gives the same code)."""
+    try:
+        _source.rewrite(func, lambda node: None)
+        return True
+    except _source.ShapeError:
+        return False
+
+
+def plain(owner, name, module):
+    return sglang_patch._own_function(owner, name, module)
+
+
+# --- the functions the patches are about ---------------------------------------------------
+functions = {
+    sglang_patch.FP8_ID: plain(flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
+    sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
+}
+site_module, site_name, _, _ = sglang_patch._autotune_locate(lambda name: _source.module_ast(name))
+if site_module is not None:
+    owner = sys.modules[site_module]
+    *outer, last = site_name.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    functions[sglang_patch.AUTOTUNE_ID] = plain(owner, last, sys.modules[site_module])
+codes = {k: f.__code__ for k, f in functions.items()}
+report("functions", {
+    "autotune_site": [site_module, site_name],
+    "untouched": {k: untouched(f) for k, f in functions.items()},
+    "runner_modules_loaded": sorted(m for m in sys.modules if m.startswith("sglang.srt.model_executor.runner.")),
+})
+copies = {}
+if site_name == "should_run_flashinfer_autotune":
+    import sglang.srt.model_executor.runner.base_runner as base_runner
+
+    copies["base_runner"] = base_runner.should_run_flashinfer_autotune is functions[sglang_patch.AUTOTUNE_ID]
+report("copies", copies)
+
+
+# --- exercise 1: ModelConfig from local config.json files, offline -------------------------
+TEXT = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "vocab_size": 1000, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+}
+CONFIGS = {
+    "llama_vision_null": dict(TEXT, vision_config=None),
+    "llama_plain": dict(TEXT),
+    "llava": {
+        "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "torch_dtype": "bfloat16",
+        "image_token_index": 999, "projector_hidden_act": "gelu", "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "text_config": dict(TEXT, architectures=None),
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                          "num_attention_heads": 2, "num_hidden_layers": 2, "image_size": 56, "patch_size": 14,
+                          "projection_dim": 32},
+    },
+}
+config_dirs = {}
+for name, content in CONFIGS.items():
+    config_dirs[name] = tempfile.mkdtemp(prefix="ffx-%s-" % name)
+    with open(os.path.join(config_dirs[name], "config.json"), "w") as handle:
+        json.dump(content, handle)
+
+
+def vision_exercise():
+    out = {}
+    for name, path in config_dirs.items():
+        try:
+            config = model_config.ModelConfig(path)
+        except Exception as exc:  # reported; the test decides
+            out[name] = {"error": repr(exc)[:400]}
+            continue
+        out[name] = {
+            "image": bool(config.is_image_understandable_model),
+            "has_attr": hasattr(config.hf_config, "vision_config"),
+            "tower": getattr(config.hf_config, "vision_config", None) is not None,
+        }
+    return out
+
+
+# --- exercise 2: the autotune decision table --------------------------------------------------
+from sglang.srt.utils import common as sglang_common  # noqa: E402
+
+real_cuda = (torch.cuda.is_available, torch.cuda.get_device_capability, torch.version.cuda)
+
+
+def clear_helper_caches():
+    for name in dir(sglang_common):
+        helper = getattr(sglang_common, name)
+        if name.startswith("is_") and hasattr(helper, "cache_clear"):
+            helper.cache_clear()
+
+
+def fake_capability(capability):
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda device=None: capability
+    if not torch.version.cuda:
+        torch.version.cuda = "12.9"
+    clear_helper_caches()
+
+
+def real_capability():
+    torch.cuda.is_available, torch.cuda.get_device_capability, torch.version.cuda = real_cuda
+    clear_helper_caches()
+
+
+AUTOTUNE_PATCHED = status[sglang_patch.AUTOTUNE_ID]["state"] == "applied"
+CAPS = [(12, 0), (10, 0), (9, 0), (8, 9)]
+QUANTS = ["modelopt_fp8", "modelopt", None, "fp8"]
+SPEC = {  # mode -> (is_speculative, is_draft_worker, for_speculative_draft)
+    "none": (False, False, False),
+    "target": (True, False, False),
+    "draft": (True, True, True),
+    "draft-asked-as-target": (True, True, False),
+}
+
+
+def autotune_exercise():
+    if not AUTOTUNE_PATCHED:  # the table is about releases with the pre-fix decision
+        return None
+    func = functions[sglang_patch.AUTOTUNE_ID]
+    method = site_name != "should_run_flashinfer_autotune"
+    rows = []
+    try:
+        for cap in CAPS:
+            fake_capability(cap)
+            for quant in QUANTS:
+                for disabled in (False, True):
+                    for mode, (spec, draft_worker, for_draft) in SPEC.items():
+                        if method and for_draft:
+                            continue  # 0.5.14's method has no draft-side question
+                        server_args = SimpleNamespace(
+                            disable_flashinfer_autotune=disabled, moe_runner_backend="auto", moe_a2a_backend="none",
+                            speculative_moe_runner_backend=None, speculative_moe_a2a_backend=None,
+                            flashinfer_autotune_skip_ops=None)
+                        runner = SimpleNamespace(
+                            device="cuda", server_args=server_args, model_config=SimpleNamespace(quantization=quant),
+                            spec_algorithm=SimpleNamespace(is_speculative=lambda spec=spec: spec),
+                            is_draft_worker=draft_worker)
+                        if method:
+                            decision = func(SimpleNamespace(model_runner=runner))
+                        else:
+                            decision = func(runner, for_speculative_draft=for_draft)
+                        rows.append({"cap": list(cap), "quant": quant, "disabled": disabled, "mode": mode,
+                                     "decision": bool(decision)})
+    finally:
+        real_capability()
+    return rows
+
+
+# --- exercise 3: forward_extend with recording FlashInfer wrappers ---------------------------
+class Recorder:
+    """Stands in for a FlashInfer prefill wrapper: records each call's keyword arguments."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def _record(self, method, q, kwargs):
+        self.log.append({"wrapper": self.name, "method": method, "keywords": sorted(kwargs),
+                         "k_scale": kwargs.get("k_scale", "absent"), "v_scale": kwargs.get("v_scale", "absent")})
+        return torch.zeros(q.shape)
+
+    def forward(self, q, *args, **kwargs):
+        return self._record("forward", q, kwargs)
+
+    def forward_return_lse(self, q, *args, **kwargs):
+        return self._record("forward_return_lse", q, kwargs), torch.zeros(q.shape[:2])
+
+
+HEADS, KV_HEADS, DIM, TOKENS = 2, 1, 8, 3
+
+
+def make_backend(log, use_ragged, extend_no_prefix):
+    backend = object.__new__(flashinfer_backend.FlashInferAttnBackend)
+    cache = (torch.zeros(16, KV_HEADS, DIM), torch.zeros(16, KV_HEADS, DIM))
+    pool = SimpleNamespace(get_kv_buffer=lambda layer_id: cache, set_kv_buffer=lambda *a, **k: None)
+    backend.__dict__.update(
+        forward_metadata=SimpleNamespace(
+            prefill_wrappers=[Recorder("paged", log)], use_ragged=use_ragged, extend_no_prefix=extend_no_prefix,
+            multi_item_params=None, swa_out_cache_loc=None),
+        num_wrappers=1, prefill_wrapper_ragged=Recorder("ragged", log), prefill_uses_dequant_workspace=False,
+        token_to_kv_pool=pool, is_dllm_model=False)
+    batch = SimpleNamespace(out_cache_loc=None, encoder_out_cache_loc=None, token_to_kv_pool=pool)
+    return backend, batch
+
+
+def make_layer(k_scale, v_scale):
+    return SimpleNamespace(
+        layer_id=0, tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, tp_v_head_num=KV_HEADS, head_dim=DIM,
+        scaling=DIM ** -0.5, logit_cap=0.0, sliding_window_size=-1, is_cross_attention=False,
+        attn_type=flashinfer_backend.AttentionType.DECODER, k_scale=None, v_scale=None,
+        k_scale_float=k_scale, v_scale_float=v_scale)
+
+
+CASES = {  # name -> (use_ragged, extend_no_prefix, k_scale, v_scale)
+    "ragged_with_prefix": (True, False, 0.05, 0.07),
+    "paged": (False, False, 0.05, 0.07),
+    "ragged_no_prefix": (True, True, 0.05, 0.07),
+    "ragged_with_prefix_no_scales": (True, False, None, None),
+}
+MERGE_NAMES = [n for n in ("_safe_merge_state", "merge_state")
+               if n in functions[sglang_patch.FP8_ID].__code__.co_names]
+
+
+def forward_extend_exercise():
+    saved = {n: flashinfer_backend.__dict__.get(n) for n in MERGE_NAMES}
+    for name in MERGE_NAMES:  # FlashInfer's CUDA merge kernel is not importable on a CPU machine
+        setattr(flashinfer_backend, name, lambda o1, s1, o2, s2: (o1 + o2, s1))
+    out = {}
+    try:
+        for case, (use_ragged, no_prefix, k_scale, v_scale) in CASES.items():
+            log = []
+            backend, batch = make_backend(log, use_ragged, no_prefix)
+            q = torch.randn(TOKENS, HEADS * DIM)
+            k = torch.randn(TOKENS, KV_HEADS * DIM)
+            v = torch.randn(TOKENS, KV_HEADS * DIM)
+            try:
+                o = backend.forward_extend(q, k, v, make_layer(k_scale, v_scale), batch, save_kv_cache=False)
+                out[case] = {"calls": log, "shape": list(o.shape)}
+            except Exception as exc:
+                out[case] = {"error": repr(exc)[:400], "calls": log}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(flashinfer_backend, name)
+            else:
+                setattr(flashinfer_backend, name, value)
+    return out
+
+
+def exercises():
+    return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise()}
+
+
+with_fix = exercises()
+report("with", with_fix)
+after = {row["id"]: row for row in flashfix.status() if row["engine"] == "sglang"}
+markers = {}
+for patch_id, record in _registry._records.items():
+    if patch_id in status:
+        markers[patch_id] = [c.func.__code__ is c.plain for c in record["changes"] if hasattr(c, "plain")]
+report("after_run", {
+    "ran": {k: v["ran"] for k, v in after.items()},
+    "markers_dropped": markers,
+    "changes": {k: [repr(c) for c in _registry._records[k]["changes"]] for k in status},
+})
+
+applied_codes = {k: f.__code__ for k, f in functions.items()}
+flashfix.revert()
+report("reverted", {
+    "same_objects": {k: plain(*where) is functions[k] for k, where in {
+        sglang_patch.FP8_ID: (flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
+        sglang_patch.VISION_ID: (model_config.ModelConfig, "__init__", model_config),
+    }.items()},
+    "code_restored": {k: untouched(f) for k, f in functions.items()},
+    "code_changed_by_revert": {k: f.__code__ is not applied_codes[k] for k, f in functions.items()},
+    "state": {row["id"]: row["state"] for row in flashfix.status() if row["engine"] == "sglang"},
+    "sm120_global_added": {k: "is_sm120_supported" in f.__globals__ for k, f in functions.items()},
+})
+report("without", exercises())

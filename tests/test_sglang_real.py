@@ -1,0 +1,182 @@
+"""The SGLang patches (flashfix/sglang_patch.py, upstream PR #34217) against real SGLang wheels.
+
+One process per release runs tests/sglang_real_check.py: the doctor's judgement with nothing
+of the engine imported, then the real modules imported with flashfix active, SGLang's own
+functions exercised (``ModelConfig`` from local config.json files, the FlashInfer autotune
+decision over a table of GPUs and settings, ``FlashInferAttnBackend.forward_extend`` with
+recording wrappers), then ``flashfix.revert()`` and the same exercises again, which is
+SGLang as released. Engine imports take about a minute, so every assertion for one release
+reads that one process's report.
+"""
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import engine_env
+
+FP8 = "sglang-fp8-kv-scales"
+AUTOTUNE = "sglang-sm120-fp8-autotune"
+VISION = "sglang-vision-config"
+IDS = (FP8, AUTOTUNE, VISION)
+
+PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch"}
+FIXED = {FP8: "fixed-upstream", AUTOTUNE: "fixed-upstream", VISION: "fixed-upstream"}
+NO_FP8_AUTOTUNE = {FP8: "patch", AUTOTUNE: "not-affected", VISION: "patch"}
+EXPECTED = {  # release -> doctor verdict per patch (read off the wheels; see sglang_patch.py)
+    "0.5.11": NO_FP8_AUTOTUNE,
+    "0.5.13": NO_FP8_AUTOTUNE,
+    "0.5.14": PATCH,
+    "0.5.17": PATCH,
+    "0.5.18": FIXED,
+    "0.5.23": FIXED,
+}
+AUTOTUNE_SITE = {
+    "0.5.11": "ModelRunner._should_run_flashinfer_autotune",
+    "0.5.13": "ModelRunner._should_run_flashinfer_autotune",
+    "0.5.14": "BaseRunner._should_run_flashinfer_autotune",
+    "0.5.17": "should_run_flashinfer_autotune",
+    "0.5.18": "should_run_flashinfer_autotune",
+    "0.5.23": "should_run_flashinfer_autotune",
+}
+RELEASES = list(EXPECTED)
+SCRIPT = Path(__file__).with_name("sglang_real_check.py")
+
+
+@functools.lru_cache(maxsize=None)
+def report(release):
+    merged = {}
+    for item in engine_env.run("sglang==" + release, SCRIPT.read_text(), timeout=900):
+        merged.update(item)
+    return merged
+
+
+def applied(release):
+    return [pid for pid in IDS if EXPECTED[release][pid] == "patch"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_doctor_verdicts_without_importing_the_engine(release):
+    doctor = report(release)["doctor"]
+    assert doctor["heavy"] == [], "the doctor's judgement imported %s" % doctor["heavy"]
+    assert {pid: verdict for pid, (verdict, _) in doctor["verdicts"].items()} == EXPECTED[release]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_runtime_state_matches_the_doctor(release):
+    r = report(release)
+    runtime = {pid: row["state"] for pid, row in r["status"].items()}
+    doctor = {pid: verdict for pid, (verdict, _) in r["doctor"]["verdicts"].items()}
+    assert runtime == {pid: "applied" if v == "patch" else v for pid, v in doctor.items()}, r["status"]
+    assert r["functions"]["autotune_site"][1] == AUTOTUNE_SITE[release]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_untouched_where_not_applied(release):
+    r = report(release)
+    for pid in IDS:
+        if pid not in applied(release):
+            assert r["functions"]["untouched"][pid], "%s changed code it should leave alone" % pid
+            assert r["after_run"]["changes"][pid] == []
+            assert not r["after_run"]["ran"][pid]
+
+
+@pytest.mark.parametrize("release", [v for v in RELEASES if applied(v)])
+def test_revert_restores_the_same_functions(release):
+    r = report(release)
+    for pid in applied(release):
+        assert not r["functions"]["untouched"][pid], "%s: applied but the code is the file's" % pid
+        assert r["after_run"]["ran"][pid], "%s: the marker never reported a run" % pid
+        assert r["after_run"]["markers_dropped"][pid] == [True]
+        assert r["reverted"]["code_restored"][pid] and r["reverted"]["code_changed_by_revert"][pid]
+        assert r["reverted"]["state"][pid] == "disabled"
+    assert all(r["reverted"]["same_objects"].values())
+    assert not any(r["reverted"]["sm120_global_added"].values())
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_vision_config_null_is_not_image_understandable(release):
+    r = report(release)
+    fixed_here = EXPECTED[release][VISION] in ("patch", "fixed-upstream")
+    for column in ("with", "without"):
+        vision = r[column]["vision"]
+        assert all("error" not in row for row in vision.values()), vision
+        assert vision["llama_vision_null"]["has_attr"] and not vision["llama_vision_null"]["tower"]
+        assert vision["llava"] == {"image": True, "has_attr": True, "tower": True}
+        assert vision["llama_plain"]["image"] is False
+    assert r["with"]["vision"]["llama_vision_null"]["image"] is (not fixed_here)
+    released_bug = EXPECTED[release][VISION] == "patch"
+    assert r["without"]["vision"]["llama_vision_null"]["image"] is released_bug
+
+
+def _calls(case):
+    assert "error" not in case, case
+    return {(c["wrapper"], c["method"]): c for c in case["calls"]}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_forward_extend_passes_fp8_scales_to_the_paged_lse_call(release):
+    r = report(release)
+    with_fix, without = r["with"]["forward_extend"], r["without"]["forward_extend"]
+    paged_lse = ("paged", "forward_return_lse")
+    ragged_lse = ("ragged", "forward_return_lse")
+    scaled = _calls(with_fix["ragged_with_prefix"])
+    assert (scaled[paged_lse]["k_scale"], scaled[paged_lse]["v_scale"]) == (0.05, 0.07)
+    assert (scaled[ragged_lse]["k_scale"], scaled[ragged_lse]["v_scale"]) == ("absent", "absent")
+    released = _calls(without["ragged_with_prefix"])
+    if EXPECTED[release][FP8] == "patch":  # the bug as released: the cached prefix is read unscaled
+        assert (released[paged_lse]["k_scale"], released[paged_lse]["v_scale"]) == ("absent", "absent")
+    else:
+        assert released == scaled
+    assert released[ragged_lse] == scaled[ragged_lse]
+    # The paged-only and the no-prefix ragged paths are the same with and without flashfix.
+    for case in ("paged", "ragged_no_prefix"):
+        assert _calls(with_fix[case]) == _calls(without[case])
+    paged = _calls(with_fix["paged"])[("paged", "forward")]
+    assert (paged["k_scale"], paged["v_scale"]) == (0.05, 0.07)
+    assert _calls(with_fix["ragged_no_prefix"])[("ragged", "forward")]["k_scale"] == "absent"
+    # Without FP8 scales the added keywords are None: FlashInfer's defaults, the call as before.
+    unscaled = _calls(with_fix["ragged_with_prefix_no_scales"])[paged_lse]
+    assert (unscaled["k_scale"], unscaled["v_scale"]) in [(None, None), ("absent", "absent")]
+    for case in CASES_WITH_SHAPE:
+        assert with_fix[case]["shape"] == without[case]["shape"] == [3, 16]
+
+
+CASES_WITH_SHAPE = ("ragged_with_prefix", "paged", "ragged_no_prefix", "ragged_with_prefix_no_scales")
+MODELOPT_FP8 = ("modelopt", "modelopt_fp8", "modelopt_mixed")
+
+
+def _rule(row, archs):
+    """The decision for the stand-in runner (MoE and FP4/FP8 GEMM backends on auto), with the
+    modelopt FP8 GEMM autotuned on the compute-capability majors ``archs``."""
+    major = row["cap"][0]
+    if row["disabled"] or not (row["quant"] in MODELOPT_FP8 and major in archs) or major < 9:
+        return False
+    return row["mode"] != "draft-asked-as-target"
+
+
+@pytest.mark.parametrize("release", [v for v in RELEASES if EXPECTED[v][AUTOTUNE] == "patch"])
+def test_autotune_decision_table(release):
+    r = report(release)
+    with_fix, without = r["with"]["autotune"], r["without"]["autotune"]
+    assert with_fix and len(with_fix) == len(without)
+    assert {row["mode"] for row in with_fix} >= {"none", "target", "draft-asked-as-target"}
+    changed = []
+    for patched, released in zip(with_fix, without):
+        key = {k: patched[k] for k in ("cap", "quant", "disabled", "mode")}
+        assert key == {k: released[k] for k in key}
+        assert patched["decision"] is _rule(patched, (10, 12)), ("upstream rule", patched)
+        assert released["decision"] is _rule(released, (10,)), ("released rule", released)
+        assert not (released["decision"] and not patched["decision"]), ("a yes became no", key)
+        if patched["decision"] != released["decision"]:
+            changed.append(key)
+    # Only SM120 with a modelopt FP8 checkpoint, autotune enabled, on the asking side, changes.
+    assert changed and all(k["cap"] == [12, 0] and k["quant"] in MODELOPT_FP8 and not k["disabled"]
+                           and k["mode"] != "draft-asked-as-target" for k in changed), changed
+
+
+def test_autotune_fix_reaches_imported_copies():
+    # 0.5.15 to 0.5.17: base_runner.py does `from ...flashinfer_autotune import
+    # should_run_flashinfer_autotune`; the code swap changes that same function object.
+    assert report("0.5.17")["copies"] == {"base_runner": True}
