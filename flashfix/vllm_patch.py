@@ -172,9 +172,10 @@ def prefill_factory(original, module):
 
     @functools.wraps(original)
     def _get_prefill_wrapper(self, causal=True):
-        if self.has_sinks and not self.use_dcp and module.current_platform.is_device_capability_family(120):
+        if self.has_sinks and not self.use_dcp:
             slot = "_prefill_wrapper" if causal else "_noncausal_prefill_wrapper"
-            if getattr(self, slot) is None:
+            # capability last: asked only while the wrapper is not built yet, as upstream does
+            if getattr(self, slot) is None and module.current_platform.is_device_capability_family(120):
                 if self.is_kvcache_nvfp4:
                     if not causal:
                         return original(self, causal)  # its own NotImplementedError for NVFP4 non-causal
