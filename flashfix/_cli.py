@@ -13,11 +13,18 @@ def main(argv=None):
     doctor = sub.add_parser("doctor", help="say, without importing any engine, what flashfix would do in this environment")
     doctor.add_argument("--json", action="store_true", help="print a JSON list, one object per patch")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when an affected engine has an unknown shape")
+    verify = sub.add_parser("verify", help="on this GPU: check that the fixes are in force and numerically right "
+                                           "(exit 0 pass, 1 fail, 3 no GPU, 4 no engine)")
+    verify.add_argument("--json", action="store_true", help="print a JSON report on stdout (progress goes to stderr)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from flashfix._doctor import run
 
         return run(as_json=args.json, strict=args.strict)
+    if args.command == "verify":
+        from flashfix._verify import run
+
+        return run(as_json=args.json)
     return 2
 
 

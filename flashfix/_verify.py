@@ -1,0 +1,214 @@
+"""``flashfix verify``: are the fixes in force and numerically right on this GPU and FlashInfer?
+
+Meant for an image pipeline, on the target GPU, before traffic reaches it:
+
+1. the doctor's verdict per patch (no engine imported);
+2. the runtime state per patch after importing the engines' target modules in a child
+   process, exactly as ``import flashfix`` in a server would leave them;
+3. numeric checks on the GPU, each in its own child process (run side by side, since
+   FlashInfer JIT-compiles about a minute per kernel variant on first use), through
+   flashfix's own patch code with the installed FlashInfer, against float64 references,
+   next to the unpatched call to show the bug it guards against:
+   - ``vllm-sink-prefill``: paged prefill with attention sinks, without and with a sliding
+     window, with the backend FlashInfer picks and with ``fa2`` forced (what SM12x runs);
+     the factory sees device capability family 120 (faked when this GPU is not SM12x,
+     and the output says so);
+   - ``sglang-fp8-kv-scales``: SGLang's ragged + paged prefill over an FP8 e4m3 cache with
+     k/v scales far from 1, merged by log-sum-exp;
+   - ``flashinfer-sink-jit-name``: a bf16-KV then an FP8-KV sink wrapper in one process.
+
+Nothing in this process is patched: the checks drive flashfix's patch code on stand-ins in
+child processes, so the engines here stay as ``import flashfix`` leaves them.
+
+Exit status: 0 everything that applies passed; 1 a check failed or a patch that should
+apply is not in force; 3 no usable GPU; 4 no engine (vLLM, SGLang or FlashInfer) to check.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from flashfix import _doctor
+
+EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
+
+THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashinfer-sink-jit-name": 0.005}
+
+# name -> (patch id, python expression run in a child with ``g`` = flashfix._gpu_checks)
+CHECKS = (
+    ("sink-prefill auto", "vllm-sink-prefill",
+     "g.sink_prefill(backend='auto', cases=[c for c in g.SINK_CASES if c[0] in ('no prefix', 'sliding window 128')], timed=None)"),
+    ("sink-prefill fa2", "vllm-sink-prefill",
+     "g.sink_prefill(backend='fa2', cases=[c for c in g.SINK_CASES if c[0] in ('no prefix', 'sliding window 128')], timed=None)"),
+    ("fp8-paged", "sglang-fp8-kv-scales", "g.fp8_paged()"),
+    ("sink-jit-name", "flashinfer-sink-jit-name", "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
+)
+
+_GPU_PROBE = """
+import json
+try:
+    import torch
+except Exception as exc:
+    print(json.dumps({"ok": False, "why": "torch cannot be imported (%r)" % (exc,)})); raise SystemExit
+if not torch.cuda.is_available():
+    print(json.dumps({"ok": False, "why": "torch %s sees no CUDA device" % torch.__version__})); raise SystemExit
+try:
+    import flashinfer
+    fi = flashinfer.__version__
+except Exception as exc:
+    fi = None
+cap = torch.cuda.get_device_capability()
+print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(), "capability": list(cap), "torch": torch.__version__,
+                  "flashinfer": fi}))
+"""
+
+_RUNTIME = """
+import importlib, json
+import flashfix
+from flashfix import _registry
+for patch in _registry.load_all():
+    if _registry.engine_version(patch.engine) is None:
+        continue
+    for target in patch.targets:
+        try:
+            importlib.import_module(target)
+        except Exception:
+            pass
+print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
+"""
+
+EXPECTED = {"patch": "applied", "fixed-upstream": "fixed-upstream", "not-affected": "not-affected",
+            "disabled": "disabled", "not-installed": "not-installed", "unknown-shape": "unknown-shape"}
+
+
+def _child(code, timeout=None):
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def _last_json(text, prefix=""):
+    for line in reversed(text.splitlines()):
+        if line.startswith(prefix):
+            try:
+                return json.loads(line[len(prefix):])
+            except ValueError:
+                continue
+    return None
+
+
+def _say(message, as_json):
+    (sys.stderr if as_json else sys.stdout).write(message + "\n")
+    (sys.stderr if as_json else sys.stdout).flush()
+
+
+def _run_checks(names, as_json, start):
+    """Run the numeric checks side by side in child processes, with progress lines."""
+    procs = {}
+    for name, patch_id, expr in CHECKS:
+        if patch_id not in names:
+            continue
+        code = ("import json; from flashfix import _gpu_checks as g\n"
+                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % expr)
+        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True))
+    if not procs:
+        return []
+    _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
+         "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
+    outputs = {}
+
+    def collect(name, proc):
+        outputs[name] = proc.communicate()
+
+    threads = [threading.Thread(target=collect, args=(n, p), daemon=True) for n, (_, p) in procs.items()]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        for thread in threads:
+            thread.join(timeout=15 / max(1, len(threads)))
+        waiting = [n for n in procs if n not in outputs]
+        if waiting:
+            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(waiting)), as_json)
+    results = []
+    for name, (patch_id, proc) in procs.items():
+        out, err = outputs[name]
+        rows = _last_json(out, "FLASHFIX_RESULT=")
+        threshold = THRESHOLDS[patch_id]
+        if proc.returncode != 0 or rows is None:
+            result = {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
+                      "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
+        else:
+            errs = [r.get("err_flashfix", r.get("err")) for r in rows]
+            passed = all(e is not None and e <= threshold for e in errs)
+            result = {"check": name, "patch": patch_id, "passed": passed, "threshold": threshold,
+                      "max_err_flashfix": max(errs), "max_err_pre_fix": max([r["err_pre_fix"] for r in rows
+                                                                              if "err_pre_fix" in r] or [None]),
+                      "rows": rows}
+        _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(result)), as_json)
+        results.append(result)
+    return results
+
+
+def _summary(result):
+    if "error" in result:
+        return "FAIL, " + result["error"].splitlines()[-1] if result["error"] else "FAIL"
+    text = "%s, max relative error with flashfix %.4g (threshold %g)" % (
+        "pass" if result["passed"] else "FAIL", result["max_err_flashfix"], result["threshold"])
+    if result.get("max_err_pre_fix") is not None:
+        text += ", without the fix %.4g" % result["max_err_pre_fix"]
+    return text
+
+
+def run(as_json=False):
+    start = time.time()
+    rows, _ = _doctor.diagnose()
+    installed = [r for r in rows if r["verdict"] != "not-installed"]
+    if not installed:
+        _say("flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
+             "environment (%s)." % sys.executable, as_json)
+        if as_json:
+            print(json.dumps({"exit": EXIT_NO_ENGINE, "reason": "no engine"}))
+        return EXIT_NO_ENGINE
+    probe = _child(_GPU_PROBE)
+    gpu = _last_json(probe.stdout) or {"ok": False, "why": "GPU probe failed: %s" % probe.stderr.strip()[-500:]}
+    if not gpu["ok"]:
+        _say("flashfix verify: no GPU to check on: %s." % gpu["why"], as_json)
+        if as_json:
+            print(json.dumps({"exit": EXIT_NO_GPU, "reason": "no GPU", "detail": gpu["why"]}))
+        return EXIT_NO_GPU
+    _say("[%5.0fs] GPU: %s (SM%d%d), torch %s, FlashInfer %s" % (
+        time.time() - start, gpu["name"], gpu["capability"][0], gpu["capability"][1], gpu["torch"], gpu["flashinfer"]),
+        as_json)
+    if gpu["capability"][0] != 12:
+        _say("[%5.0fs] note: this GPU is not SM12x; the vLLM sink-prefill check fakes device capability family 120 "
+             "for flashfix's factory, so it runs the sink wrapper as on SM12x" % (time.time() - start), as_json)
+    runtime_proc = _child(_RUNTIME)
+    runtime = {r["id"]: r for r in (_last_json(runtime_proc.stdout, "FLASHFIX_RESULT=") or [])}
+    failures = []
+    report = []
+    for row in rows:
+        state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
+        expected = EXPECTED[row["verdict"]]
+        in_force = state == expected or (row["verdict"] == "not-installed")
+        if not in_force:
+            failures.append("%s: doctor said %s but runtime state is %s" % (row["id"], row["verdict"], state))
+        report.append({"id": row["id"], "engine": row["engine"], "engine_version": row["engine_version"],
+                       "verdict": row["verdict"], "runtime_state": state, "consistent": in_force})
+        _say("[%5.0fs] %-26s %-18s %-14s doctor: %-15s runtime: %s" % (
+            time.time() - start, row["id"], row["engine"], row["engine_version"] or "-", row["verdict"], state), as_json)
+    checks = []
+    if gpu["flashinfer"] is None:
+        failures.append("FlashInfer cannot be imported: no numeric check can run")
+    else:
+        checks = _run_checks({pid for _, pid, _ in CHECKS}, as_json, start)
+        failures += ["%s: %s" % (c["check"], _summary(c)) for c in checks if not c["passed"]]
+    code = EXIT_FAILED if failures else EXIT_OK
+    _say("flashfix verify: %s in %.0f s%s" % ("FAILED" if failures else "all checks passed", time.time() - start,
+                                              "".join("\n  - " + f for f in failures)), as_json)
+    if as_json:
+        print(json.dumps({"exit": code, "gpu": gpu, "patches": report, "checks": checks, "failures": failures,
+                          "seconds": round(time.time() - start, 1)}, indent=1, default=repr))
+    return code

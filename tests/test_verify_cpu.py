@@ -1,0 +1,30 @@
+"""`flashfix verify` on a machine without a GPU: the documented exit codes and sentences."""
+
+import json
+import subprocess
+import sys
+
+import engine_env
+from conftest import REPO, run_py
+
+
+def test_no_engine_exit_code_and_sentence():
+    # this interpreter has no vLLM, SGLang or FlashInfer
+    _, proc = run_py("from flashfix._cli import main; raise SystemExit(main(['verify']))", check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed" in proc.stdout
+
+
+def test_no_gpu_exit_code_and_sentence_in_a_real_engine_environment():
+    code = '''
+import json, subprocess, sys
+plain = subprocess.run([sys.executable, "-m", "flashfix", "verify"], capture_output=True, text=True)
+as_json = subprocess.run([sys.executable, "-m", "flashfix", "verify", "--json"], capture_output=True, text=True)
+print("FLASHFIX_RESULT=" + json.dumps([plain.returncode, plain.stdout, as_json.returncode, as_json.stdout, as_json.stderr]))
+'''
+    ((rc, out, rc_json, out_json, err_json),) = engine_env.run("vllm==0.28.0", code)
+    assert rc == 3, out
+    assert "flashfix verify: no GPU to check on: torch" in out and "sees no CUDA device" in out
+    assert rc_json == 3
+    assert json.loads(out_json)["reason"] == "no GPU"
+    assert "no GPU to check on" in err_json
