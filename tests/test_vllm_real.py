@@ -245,6 +245,20 @@ res["sinks_per_layer"] = [[call[2][1][2][-1] for call in calls] for calls in sin
 res["sinks_ptrs"] = [sinks.data_ptr() for _, sinks in layers]
 res["sink_scale_args"] = [[call[2][1][3] for call in calls] for calls in sink_calls][:1]
 
+# NVFP4 KV cache with sinks on SM12x: refused clearly (causal), the original's own error (non-causal)
+h.fake_capability(platform, 121)
+res["nvfp4"] = []
+for causal in (True, False):
+    for module in (mod, upstream):
+        builder = h.stand_in_builder(module.FlashInferMetadataBuilder, has_sinks=True, kv_dtype=torch.uint8,
+                                     q_dtype=torch.bfloat16, workspace=workspace)
+        builder.is_kvcache_nvfp4 = True
+        try:
+            builder._get_prefill_wrapper(causal)
+            res["nvfp4"].append([causal, module is mod, "built", ""])
+        except (NotImplementedError, AssertionError) as exc:
+            res["nvfp4"].append([causal, module is mod, type(exc).__name__, str(exc)])
+
 # put the real classes back, then revert
 for m, names in saved.items():
     for n, v in names.items():
@@ -307,6 +321,12 @@ def test_prefix_shape_patched_matches_upstream_0_28_0():
     assert first > 0
     assert [ran for _, _, ran in res["ran_order"]] == [False] * first + [True] * (len(res["ran_order"]) - first)
     assert [m for _, m in res["marked_order"]] == [True] * first + [False] * (len(res["marked_order"]) - first)
+
+    # NVFP4 + sinks on SM12x: upstream asserts (causal); flashfix says why; non-causal both refuse alike
+    nvfp4 = {(causal, ours): (kind, text) for causal, ours, kind, text in res["nvfp4"]}
+    assert nvfp4[(True, False)][0] == "AssertionError"
+    assert nvfp4[(True, True)][0] == "NotImplementedError" and "NVFP4" in nvfp4[(True, True)][1]
+    assert nvfp4[(False, True)] == nvfp4[(False, False)] and nvfp4[(False, True)][0] == "NotImplementedError"
 
     # revert restores the very objects and code
     assert res["after_revert"] == {"factory": True, "forward": True, "code": True, "sink_global_gone": True,
