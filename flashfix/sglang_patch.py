@@ -268,7 +268,12 @@ def _autotune_prepare(modules):
     modname, qualname, _, shape = _autotune_locate(lambda name: _source.module_ast(name, modules))
     if shape.kind != BUGGY:
         raise ShapeError(shape.reason)
-    module = _loaded(modname)
+    return _autotune_changes(_loaded(modname), qualname)
+
+
+def _autotune_changes(module, qualname):
+    """The changes that fix the decision ``qualname`` of ``module`` (see the comment above)."""
+    modname = module.__name__
     owner = module
     *outer, name = qualname.split(".")
     for part in outer:

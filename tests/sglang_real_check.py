@@ -289,6 +289,54 @@ report("after_run", {
     "changes": {k: [repr(c) for c in _registry._records[k]["changes"]] for k in status},
 })
 
+def global_helper_variant():
+    """The released decision rewritten so that ``is_sm100_supported`` is a module global (as
+    SGLang's other modules import it), loaded from a temp file: the patch must then add
+    ``is_sm120_supported`` to that module as a second change, and take it away on undo."""
+    import importlib.util
+
+    if site_name != "should_run_flashinfer_autotune" or not AUTOTUNE_PATCHED:
+        return None
+    lines = open(sys.modules[site_module].__file__).read().splitlines(True)
+    local = "    from sglang.srt.utils import is_sm100_supported\n"
+    if local not in lines:
+        return {"error": "local import not found"}
+    lines[lines.index(local)] = "\n"  # keep line numbers
+    lines.append("from sglang.srt.utils import is_sm100_supported\n")
+    path = os.path.join(tempfile.mkdtemp(prefix="ffx-variant-"), "ffx_autotune_variant.py")
+    with open(path, "w") as handle:
+        handle.writelines(lines)
+    spec = importlib.util.spec_from_file_location("ffx_autotune_variant", path)
+    variant = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = variant
+    spec.loader.exec_module(variant)
+    func = variant.should_run_flashinfer_autotune
+    runner = SimpleNamespace(
+        device="cuda", model_config=SimpleNamespace(quantization="modelopt_fp8"), is_draft_worker=False,
+        spec_algorithm=SimpleNamespace(is_speculative=lambda: False),
+        server_args=SimpleNamespace(disable_flashinfer_autotune=False, moe_runner_backend="auto",
+                                    moe_a2a_backend="none", flashinfer_autotune_skip_ops=None))
+    out = {"had_global": "is_sm120_supported" in variant.__dict__}
+    changes = sglang_patch._autotune_changes(variant, "should_run_flashinfer_autotune")
+    out["changes"] = [type(c).__name__ for c in changes]
+    try:
+        fake_capability((12, 0))
+        out["released"] = func(runner)
+        for change in changes:
+            change.apply()
+        out["added_is_utils_helper"] = variant.__dict__.get("is_sm120_supported") is sglang_common.is_sm120_supported
+        out["patched"] = func(runner)
+        for change in reversed(changes):
+            change.undo()
+        out["after_undo"] = func(runner)
+        out["global_removed"] = "is_sm120_supported" not in variant.__dict__
+    finally:
+        real_capability()
+    return out
+
+
+report("global_variant", global_helper_variant())
+
 applied_codes = {k: f.__code__ for k, f in functions.items()}
 flashfix.revert()
 report("reverted", {

@@ -80,6 +80,7 @@ def test_untouched_where_not_applied(release):
             assert r["functions"]["untouched"][pid], "%s changed code it should leave alone" % pid
             assert r["after_run"]["changes"][pid] == []
             assert not r["after_run"]["ran"][pid]
+    assert all(r["reverted"]["same_objects"].values())
 
 
 @pytest.mark.parametrize("release", [v for v in RELEASES if applied(v)])
@@ -180,3 +181,12 @@ def test_autotune_fix_reaches_imported_copies():
     # 0.5.15 to 0.5.17: base_runner.py does `from ...flashinfer_autotune import
     # should_run_flashinfer_autotune`; the code swap changes that same function object.
     assert report("0.5.17")["copies"] == {"base_runner": True}
+
+
+def test_autotune_helper_added_to_module_globals_when_not_imported_locally():
+    # Released code imports is_sm100_supported inside the function; a variant of 0.5.17's
+    # module that imports it at the top gets is_sm120_supported as a second, revertible change.
+    variant = report("0.5.17")["global_variant"]
+    assert variant == {"had_global": False, "changes": ["SetAttr", "SwapCode"], "released": False,
+                       "added_is_utils_helper": True, "patched": True, "after_undo": False,
+                       "global_removed": True}, variant
