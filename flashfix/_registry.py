@@ -351,7 +351,9 @@ def mark_ran(site):
 
 def note_ran(patch_id):
     """For patch code written in Python (not rewritten engine code): it ran."""
-    _records[patch_id]["ran"] = True
+    record = _records.get(patch_id)
+    if record is not None:
+        record["ran"] = True
 
 
 # --- public API -----------------------------------------------------------------------------
@@ -364,17 +366,21 @@ def status():
     for patch in _patches.values():
         record = _records[patch.id]
         state, version = record["state"], record["engine_version"]
+        reason = record["reason"]
         if record["state"] == "waiting":
             version = version or engine_version(patch.engine)
-            if version is None and _source.module_file(patch.targets[0]) is None:
-                state = "not-installed"
+            missing = [t for t in patch.targets if _source.module_file(t) is None]
+            if version is None and len(missing) == len(patch.targets):
+                state, reason = "not-installed", "%s is not installed" % patch.engine
             elif config().is_disabled(patch.id):
-                state = "disabled"
+                state, reason = "disabled", "disabled by FLASHFIX_DISABLE"
+            elif missing:  # as the doctor judges it: the code the bug lives in does not exist here
+                state, reason = "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
         rows.append({
             "id": patch.id,
             "engine": patch.engine,
             "state": state,
-            "reason": record["reason"] if state == record["state"] else state,
+            "reason": reason,
             "engine_version": version,
             "ran": record["ran"],
             "upstream": patch.upstream,
@@ -383,12 +389,17 @@ def status():
     return rows
 
 
-def revert():
-    """Undo every applied patch, newest first, restoring the original objects."""
+def revert(*patch_ids):
+    """Undo the applied patches named (all when none is named), newest first, restoring the
+    original objects. An unknown id is a ValueError listing the valid ones."""
+    load_all()
+    unknown = [i for i in patch_ids if i not in _patches]
+    if unknown:
+        raise ValueError("unknown patch id(s) %s; valid: %s" % (", ".join(map(repr, unknown)), ", ".join(_patches)))
     with _lock:
         for patch in reversed(list(_patches.values())):
             record = _records[patch.id]
-            if record["state"] != "applied":
+            if record["state"] != "applied" or (patch_ids and patch.id not in patch_ids):
                 continue
             for change in reversed(record["changes"]):
                 change.undo()

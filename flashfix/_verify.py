@@ -131,37 +131,40 @@ def _run_checks(names, as_json, start):
     _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
          "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
     outputs = {}
+    results = []
 
     def collect(name, proc):
         outputs[name] = proc.communicate()
 
-    threads = [threading.Thread(target=collect, args=(n, p), daemon=True) for n, (_, p) in procs.items()]
-    for thread in threads:
+    threads = {n: threading.Thread(target=collect, args=(n, p), daemon=True) for n, (_, p) in procs.items()}
+    for thread in threads.values():
         thread.start()
-    while any(t.is_alive() for t in threads):
-        for thread in threads:
-            thread.join(timeout=15 / max(1, len(threads)))
-        waiting = [n for n in procs if n not in outputs]
-        if waiting:
-            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(waiting)), as_json)
-    results = []
-    for name, (patch_id, proc) in procs.items():
-        out, err = outputs[name]
-        rows = _last_json(out, "FLASHFIX_RESULT=")
-        threshold = THRESHOLDS[patch_id]
-        if proc.returncode != 0 or rows is None:
-            result = {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
-                      "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
-        else:
-            errs = [r.get("err_flashfix", r.get("err")) for r in rows]
-            passed = all(e is not None and e <= threshold for e in errs)
-            result = {"check": name, "patch": patch_id, "passed": passed, "threshold": threshold,
-                      "max_err_flashfix": max(errs), "max_err_pre_fix": max([r["err_pre_fix"] for r in rows
-                                                                              if "err_pre_fix" in r] or [None]),
-                      "rows": rows}
-        _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(result)), as_json)
-        results.append(result)
+    last_tick = time.time()
+    while len(results) < len(procs):
+        time.sleep(0.5)
+        for name, thread in threads.items():
+            if not thread.is_alive() and name in outputs and name not in [r["check"] for r in results]:
+                result = _result(name, procs[name][0], procs[name][1], *outputs[name])
+                _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(result)), as_json)
+                results.append(result)
+        if time.time() - last_tick >= 15 and len(results) < len(procs):
+            last_tick = time.time()
+            done = {r["check"] for r in results}
+            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(n for n in procs if n not in done)), as_json)
     return results
+
+
+def _result(name, patch_id, proc, out, err):
+    rows = _last_json(out, "FLASHFIX_RESULT=")
+    threshold = THRESHOLDS[patch_id]
+    if proc.returncode != 0 or rows is None:
+        return {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
+                "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
+    errs = [r.get("err_flashfix", r.get("err")) for r in rows]
+    pre_fix = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
+    return {"check": name, "patch": patch_id, "threshold": threshold,
+            "passed": all(e is not None and e <= threshold for e in errs),
+            "max_err_flashfix": max(errs), "max_err_pre_fix": max(pre_fix) if pre_fix else None, "rows": rows}
 
 
 def _summary(result):

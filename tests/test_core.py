@@ -233,3 +233,36 @@ class Engine:
     def other(self):
         return "other"
 '''
+
+
+def test_revert_by_id_and_unknown_id(fake_site):
+    site = fake_site()
+    (r,), _ = run_py('''
+        use_fake()
+        import fakeeng.core as core
+        import flashfix
+        try:
+            flashfix.revert("no-such-patch")
+            error = None
+        except ValueError as exc:
+            error = str(exc)
+        still = state()["state"]
+        flashfix.revert("fake-compute")
+        report(error=error, still=still, after=state()["state"], value=core.Engine().compute(1))
+    ''', site)
+    assert "unknown patch id(s) 'no-such-patch'" in r["error"] and "fake-compute" in r["error"]
+    assert r["still"] == "applied" and r["after"] == "disabled" and r["value"] == 2
+
+
+def test_missing_target_module_reads_not_affected_like_the_doctor(fake_site):
+    site = fake_site()
+    (site / "fakeeng" / "core.py").unlink()
+    (r,), _ = run_py('''
+        use_fake()
+        import fakeeng
+        from flashfix import _doctor
+        rows, _ = _doctor.diagnose()
+        doctor = {x["id"]: x["verdict"] for x in rows}["fake-compute"]
+        report(state=state()["state"], doctor=doctor)
+    ''', site)
+    assert r == {"state": "not-affected", "doctor": "not-affected"}

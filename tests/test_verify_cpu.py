@@ -28,3 +28,22 @@ print("FLASHFIX_RESULT=" + json.dumps([plain.returncode, plain.stdout, as_json.r
     assert rc_json == 3
     assert json.loads(out_json)["reason"] == "no GPU"
     assert "no GPU to check on" in err_json
+
+
+def test_check_runner_reports_pass_fail_and_crash_per_check():
+    # the runner's own logic, with stand-in check expressions (the real checks need a GPU)
+    (r,), proc = run_py('''
+        import time
+        from flashfix import _verify
+        _verify.CHECKS = (
+            ("ok", "vllm-sink-prefill", "[{'err_flashfix': 0.001, 'err_pre_fix': 0.6}]"),
+            ("too far", "sglang-fp8-kv-scales", "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
+            ("crash", "flashinfer-sink-jit-name", "1/0"),
+        )
+        results = _verify._run_checks({"vllm-sink-prefill", "sglang-fp8-kv-scales", "flashinfer-sink-jit-name"},
+                                      False, time.time())
+        report(results={x["check"]: x["passed"] for x in results})
+    ''')
+    assert r["results"] == {"ok": True, "too far": False, "crash": False}
+    assert "ok: pass, max relative error with flashfix 0.001 (threshold 0.005), without the fix 0.6" in proc.stdout
+    assert "too far: FAIL" in proc.stdout and "ZeroDivisionError" in proc.stdout
