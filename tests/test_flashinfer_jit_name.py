@@ -225,3 +225,35 @@ def test_declaration():
                    for a in n.names} | {n.module.split(".")[0] for n in tree.body
                                         if isinstance(n, ast.ImportFrom) and n.module}
     assert not top_imports & {"torch", "flashinfer", "wrapt"}
+
+
+def test_doctor_on_real_flashinfer_wheels(tmp_path):
+    """The probe against FlashInfer's own released source: 0.7.2.post1 has the bug, 0.7.4 names
+    the kernel by KV dtype and head dims (fixed upstream). The wheels are pure Python; each is
+    unpacked into a folder on PYTHONPATH, its dist-info giving the version to the doctor."""
+    import json
+    import subprocess
+    import sys
+    import zipfile
+
+    from conftest import run_py
+
+    verdicts = {}
+    for version in ("0.7.2.post1", "0.7.4"):
+        dest = tmp_path / version
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(dest), "flashinfer-python==%s" % version], check=True)
+        wheel = next(dest.glob("flashinfer_python-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(dest / "site")
+        (rows,), _ = run_py('''
+            from flashfix import _doctor
+            rows, _ = _doctor.diagnose()
+            report(rows=[r for r in rows if r["engine"] == "flashinfer-python"],
+                   heavy=[m for m in ("torch", "flashinfer") if m in sys.modules])
+        ''', dest / "site")
+        assert rows["heavy"] == []
+        (row,) = rows["rows"]
+        assert row["engine_version"] == version
+        verdicts[version] = row["verdict"]
+    assert verdicts == {"0.7.2.post1": "patch", "0.7.4": "fixed-upstream"}
