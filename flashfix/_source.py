@@ -123,8 +123,8 @@ def marker(site):
     return call
 
 
-def insert_before(func_def, inner, stmt):
-    """Insert ``stmt`` before the statement of ``func_def`` that contains node ``inner``."""
+def statement_of(func_def, inner):
+    """``(block, index)``: the innermost statement of ``func_def`` that contains node ``inner``."""
     for parent in ast.walk(func_def):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(parent, field, None)
@@ -133,10 +133,30 @@ def insert_before(func_def, inner, stmt):
             for index, child in enumerate(block):
                 if child is inner or any(n is inner for n in ast.walk(child)):
                     if isinstance(child, ast.stmt) and not _contains_block(child, inner):
-                        block.insert(index, ast.copy_location(stmt, child))
-                        ast.fix_missing_locations(func_def)
+                        return block, index
+    raise ShapeError("no statement of %s contains the node" % getattr(func_def, "name", "the function"))
+
+
+def insert_before(func_def, inner, stmt):
+    """Insert ``stmt`` before the statement of ``func_def`` that contains node ``inner``."""
+    block, index = statement_of(func_def, inner)
+    block.insert(index, ast.copy_location(stmt, block[index]))
+    ast.fix_missing_locations(func_def)
+
+
+def replace_node(root, old, new):
+    """Put ``new`` where ``old`` is inside ``root`` (one place, by identity)."""
+    for parent in ast.walk(root):
+        for field, value in ast.iter_fields(parent):
+            if value is old:
+                setattr(parent, field, ast.copy_location(new, old))
+                return
+            if isinstance(value, list):
+                for index, item in enumerate(value):
+                    if item is old:
+                        value[index] = ast.copy_location(new, old)
                         return
-    raise ShapeError("statement to mark not found")
+    raise ShapeError("node to replace not found")
 
 
 def _contains_block(stmt, inner):

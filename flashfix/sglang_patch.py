@@ -37,21 +37,6 @@ def _is_attr_of(node, owner, attr):
     )
 
 
-def _replace_node(root, old, new):
-    """Put ``new`` where ``old`` is inside ``root`` (one place, by identity)."""
-    for parent in ast.walk(root):
-        for field, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, field, ast.copy_location(new, old))
-                return
-            if isinstance(value, list):
-                for index, item in enumerate(value):
-                    if item is old:
-                        value[index] = ast.copy_location(new, old)
-                        return
-    raise ShapeError("node to replace not found")
-
-
 def _own_function(owner, name, module):
     """The plain function ``name`` defined by ``owner`` (a class or a module) in ``module``'s
     file, looking through ``functools.wraps`` wrappers (SGLang's ``debug_kernel_api`` wraps
@@ -293,7 +278,7 @@ def _autotune_changes(module, qualname):
             raise ShapeError(shape.reason)
         call, _ = found
         either = ast.BoolOp(op=ast.Or(), values=[call, ast.Call(ast.Name("is_sm120_supported", ast.Load()), [], [])])
-        _replace_node(func_def, call, either)
+        _source.replace_node(func_def, call, either)
         local = _local_import_of(func_def, "is_sm100_supported")
         if local is not None:
             if local.level or not local.module or not hasattr(_loaded(local.module), "is_sm120_supported"):
@@ -402,7 +387,7 @@ def _vision_prepare(modules):
             raise ShapeError(shape.reason)
         fetch = ast.Call(ast.Name("getattr", ast.Load()), [call.args[0], ast.Constant("vision_config"),
                                                           ast.Constant(None)], [])
-        _replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
+        _source.replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
         _source.insert_before(func_def, fetch, mark)
 
     return [_registry.rewrite(func, edit, VISION_ID)]

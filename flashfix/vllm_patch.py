@@ -125,15 +125,10 @@ def _find_sink_run(def_node):
     if not _RUN_NEEDED <= set(names) or not set(names) <= _RUN_ALLOWED:
         raise ShapeError("prefill_wrapper.run(...) keywords are %s, expected %s (optionally kv_cache_sf)"
                          % (sorted(names), sorted(_RUN_NEEDED)))
-    for parent in ast.walk(def_node):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if not isinstance(block, list):
-                continue
-            for index, stmt in enumerate(block):
-                if isinstance(stmt, ast.Expr) and stmt.value is call:
-                    return block, index, call
-    raise ShapeError("prefill_wrapper.run(..., sinks=...) is not a statement of its own")
+    block, index = _source.statement_of(def_node, call)
+    if not (isinstance(block[index], ast.Expr) and block[index].value is call):
+        raise ShapeError("prefill_wrapper.run(..., sinks=...) is not a statement of its own")
+    return block, index, call
 
 
 def _defs(tree):
