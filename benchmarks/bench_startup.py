@@ -33,7 +33,7 @@ def make_env(root, name, wheel=None, compile_bytecode=True):
 
 def wall(cmd, env):
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True)
+    subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
     return time.perf_counter() - start
 
 
@@ -67,8 +67,18 @@ def main():
         imports = []
         for _ in range(args.runs):
             out = subprocess.run([str(pythons["absent"]), "-c", probe], env=dict(env, PYTHONPATH=site),
-                                 capture_output=True, text=True, check=True).stdout
+                                 capture_output=True, text=True, check=True, cwd=tmp).stdout
             imports.append(float(out))
+        # the .pth processing alone, timed in-process (far less noisy than whole-process wall time):
+        # site.addsitedir() on the installed site-packages, from an interpreter started without it
+        addsite = {}
+        for name in ("absent", "compiled", "uncompiled"):
+            purelib = subprocess.run([str(pythons[name]), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                     env=env, capture_output=True, text=True, check=True).stdout.strip()
+            code = ("import site, sys, time; t = time.perf_counter(); site.addsitedir(%r); "
+                    "print((time.perf_counter() - t) * 1e3)" % purelib)
+            addsite[name] = [float(subprocess.run([str(pythons["absent"]), "-c", code], env=env, capture_output=True,
+                                                  text=True, check=True, cwd=tmp).stdout) for _ in range(args.runs)]
     base = statistics.median(times["absent"])
     print("python %s, %d interleaved runs each, PYTHONDONTWRITEBYTECODE=1" % (sys.version.split()[0], args.runs))
     print("| environment | median `python -c pass` | ratio to absent |")
@@ -78,6 +88,9 @@ def main():
         print("| flashfix %s | %.2f ms | %.3f |" % (name, med * 1e3, med / base))
     print("`import flashfix` alone (bytecode compiled, hook installed, no engine): median %.3f ms"
           % statistics.median(imports))
+    for name, values in addsite.items():
+        print("processing the installed site-packages (flashfix.pth included), in-process, %s: median %.3f ms, "
+              "min %.3f ms" % (name, statistics.median(values), min(values)))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from flashfix import _config, _hooks, _source
+import flashfix
+from flashfix import _config, _source
 from flashfix._source import ShapeError
 
 log = logging.getLogger("flashfix")
@@ -39,7 +40,7 @@ VERDICTS = ("patch", "fixed-upstream", "not-affected", "not-installed", "disable
 STATES = ("applied", "waiting", "fixed-upstream", "not-affected", "disabled", "not-installed", "unknown-shape", "failed")
 
 
-class PatchError(_hooks.HookAbort):
+class PatchError(flashfix.HookAbort):
     """Strict mode: an affected engine could not be patched. Raised from the engine's import."""
 
 
@@ -170,7 +171,7 @@ def _hook_error(name, exc):
     log.error("post-import hook for %s failed (engine left as it was): %r", name, exc)
 
 
-_hooks.on_error = _hook_error
+flashfix.on_error = _hook_error
 
 
 def register(patch):
@@ -219,7 +220,7 @@ def load_patch_module(name):
             continue
         pending = list(patch.targets)
         for target in patch.targets:
-            _hooks.when_imported(target, _arrival(patch, pending))
+            flashfix.when_imported(target, _arrival(patch, pending))
 
 
 def _arrival(patch, pending):

@@ -55,7 +55,7 @@ def installed_file(requirement):
 
 RELEASE_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _hooks, _registry, _source, vllm_patch
+from flashfix import _registry, _source, vllm_patch, when_imported
 patch = vllm_patch.PATCHES[0]
 TARGET = vllm_patch.TARGET
 version = _registry.engine_version("vllm")
@@ -68,7 +68,7 @@ def capture(module):  # runs before flashfix's own hook for this module
     originals["forward"] = module.FlashInferImpl.__dict__["forward"]
     originals["code"] = originals["forward"].__code__
     originals["globals"] = set(vars(module))
-_hooks.when_imported(TARGET, capture)
+when_imported(TARGET, capture)
 
 mod = importlib.import_module(TARGET)
 row = next(r for r in flashfix.status() if r["id"] == patch.id)
@@ -151,7 +151,7 @@ def test_prefix_derivation_and_edit_match_upstream():
 
 PREFIX_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _hooks, _registry, _source, vllm_patch
+from flashfix import _registry, _source, vllm_patch, when_imported
 import vllm_prefix_shape as h
 
 patch = vllm_patch.PATCHES[0]
@@ -168,7 +168,7 @@ def capture(module):  # runs before flashfix's own hook for this module
     originals["forward"] = module.FlashInferImpl.__dict__["forward"]
     originals["code"] = originals["forward"].__code__
     originals["sink_global"] = hasattr(module, SINK)
-_hooks.when_imported(TARGET, capture)
+when_imported(TARGET, capture)
 
 mod = importlib.import_module(TARGET)
 res["loaded_prefix"] = mod.__file__ == prefix_path and not originals["sink_global"]
@@ -346,7 +346,7 @@ def test_prefix_shape_patched_matches_upstream_0_28_0():
 
 ATOMIC_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _hooks, _registry, _source, vllm_patch
+from flashfix import _registry, _source, vllm_patch, when_imported
 import vllm_prefix_shape as h
 patch = vllm_patch.PATCHES[0]
 TARGET, SINK = vllm_patch.TARGET, vllm_patch.SINK_WRAPPER
@@ -356,7 +356,7 @@ originals = {}
 def capture(module):
     originals["factory"] = module.FlashInferMetadataBuilder.__dict__["_get_prefill_wrapper"]
     originals["code"] = module.FlashInferImpl.forward.__code__
-_hooks.when_imported(TARGET, capture)
+when_imported(TARGET, capture)
 mod = importlib.import_module(TARGET)
 row = next(r for r in flashfix.status() if r["id"] == patch.id)
 report({
