@@ -69,3 +69,48 @@ def test_engine_plugin_loader_activates_flashfix_once(requirement, overlay):
             assert stderr.count("applied %s " % row["id"]) == 1
     assert any(row["engine"] == ("vllm" if engine == "vllm" else "sglang") and row["verdict"] != "not-installed"
                for row in doctor)
+
+
+SPAWNED = '''
+import json, multiprocessing as mp, sys
+
+def worker(queue):
+    # an engine worker: it imports the engine and never imports flashfix itself
+    import sglang.srt.configs.model_config  # noqa: F401
+    flashfix = sys.modules.get("flashfix")
+    queue.put({"auto": flashfix is not None,
+               "states": {r["id"]: r["state"] for r in flashfix.status()} if flashfix else None})
+
+if __name__ == "__main__":
+    queue = mp.get_context("spawn").Queue()
+    child = mp.get_context("spawn").Process(target=worker, args=(queue,))
+    child.start()
+    result = queue.get(timeout=300)
+    child.join()
+    print("FLASHFIX_RESULT=" + json.dumps(result))
+'''
+
+
+def test_wheel_installed_next_to_a_real_engine_patches_its_spawned_workers(tmp_path):
+    """`pip install` next to the engine is all it takes: a spawn child of a real SGLang 0.5.17
+    environment gets the fix through the .pth hook, without importing flashfix."""
+    dist = tmp_path / "dist"
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(dist), str(REPO)], check=True)
+    wheel = next(dist.glob("*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", engine_env.PYTHON, str(venv)], check=True)
+    date, _ = engine_env.RELEASES["sglang==0.5.17"]
+    subprocess.run(["uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--exclude-newer", date,
+                    "sglang==0.5.17", str(wheel)], check=True)
+    script = tmp_path / "serve.py"
+    script.write_text(SPAWNED)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH" and not k.startswith("FLASHFIX_")}
+    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([str(venv / "bin" / "python"), str(script)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("FLASHFIX_RESULT=")]
+    result = json.loads(line[len("FLASHFIX_RESULT="):])
+    assert result["auto"] is True
+    assert result["states"]["sglang-vision-config"] == "applied"
+    assert "applied sglang-vision-config to sglang 0.5.17" in proc.stderr
