@@ -125,6 +125,10 @@ def test_wheel_ships_startup_files_and_plugin_entry_points(venv):
         from importlib.metadata import entry_points
         site = sysconfig.get_paths()["purelib"]
         print(sorted(f for f in os.listdir(site) if f.startswith("flashfix.")))
+        # PEP 829 (Python 3.15+): the .start file names an entry point that resolves and runs
+        import pkgutil
+        (entry,) = open(os.path.join(site, "flashfix.start")).read().split()
+        pkgutil.resolve_name(entry)()
         for group in ("vllm.general_plugins", "sglang.srt.plugins"):
             (ep,) = [e for e in entry_points(group=group) if e.name == "flashfix"]
             ep.load()()
