@@ -25,8 +25,9 @@ print("CHILD", "flashfix" in sys.modules, finder, heavy, flashfix.watched())
 def venv(tmp_path_factory):
     root = tmp_path_factory.mktemp("install")
     dist = root / "dist"
-    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(dist), str(REPO)], check=True)
+    subprocess.run(["uv", "build", "-q", "-o", str(dist), str(REPO)], check=True)  # sdist, and a wheel built from it
     wheel = next(dist.glob("flashfix-*.whl"))
+    assert next(dist.glob("flashfix-*.tar.gz"))
     env_dir = root / "venv"
     subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
