@@ -81,3 +81,18 @@ def header(info):
     return "GPU: %s (SM %s), FlashInfer %s, torch %s, CUDA %s, flashfix %s" % (
         info.get("gpu"), info.get("capability"), info.get("flashinfer"), info.get("torch"), info.get("cuda"),
         info.get("flashfix"))
+
+
+def gather(children):
+    """Wait for ``children`` in order; their result rows, the last environment they reported, and
+    one problem record per child that failed."""
+    rows, env, problems = [], {}, []
+    for c in children:
+        c.wait()
+        for result in c.results:
+            env = result.get("env", env)
+            if "row" in result:
+                rows.append(result["row"])
+        if c.failed():
+            problems.append({"child": c.label, "rc": c.proc.returncode, "wall_s": c.wall_s, "tail": c.tail()})
+    return rows, env, problems

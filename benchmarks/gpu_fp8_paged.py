@@ -65,15 +65,7 @@ def main():
     cache = common.cache_dir("fp8-paged")
     warmers = [common.Child(__file__, ["--warm", w], cache, deadline=deadline) for w in ("paged", "merge")]
     main_child = common.Child(__file__, ["--child"], cache, deadline=deadline)
-    rows, env, problems = [], {}, []
-    for c in warmers + [main_child]:
-        c.wait()
-        for result in c.results:
-            env = result.get("env", env)
-            if "row" in result:
-                rows.append(result["row"])
-        if c.failed():
-            problems.append({"child": c.label, "rc": c.proc.returncode, "wall_s": c.wall_s, "tail": c.tail()})
+    rows, env, problems = common.gather(warmers + [main_child])
     from flashfix._gpu_checks import markdown, write_json
 
     print("## FP8 paged read with scales (sglang-fp8-kv-scales)\n")

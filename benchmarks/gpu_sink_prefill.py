@@ -41,15 +41,7 @@ def main():
     children = [common.Child(__file__, ["--child", backend, window], common.cache_dir("sink-%s-%s" % (backend, window)),
                              deadline=deadline)
                 for backend in ("auto", "fa2") for window in ("full", "window")]
-    rows, env, problems = [], {}, []
-    for c in children:
-        c.wait()
-        for result in c.results:
-            env = result.get("env", env)
-            if "row" in result:
-                rows.append(result["row"])
-        if c.failed():
-            problems.append({"child": c.label, "rc": c.proc.returncode, "wall_s": c.wall_s, "tail": c.tail()})
+    rows, env, problems = common.gather(children)
     order = {name: i for i, (name, _, _) in enumerate(__import__("flashfix._gpu_checks", fromlist=["_"]).SINK_CASES)}
     rows.sort(key=lambda r: (r["backend"] != "auto", order.get(r["case"], 99)))
     from flashfix._gpu_checks import markdown, write_json
