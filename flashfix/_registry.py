@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import flashfix
 from flashfix import _config, _source

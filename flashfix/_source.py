@@ -97,16 +97,6 @@ def keywords(call):
     return {kw.arg: kw.value for kw in call.keywords if kw.arg is not None}
 
 
-def imported_names(tree):
-    """Names bound by top-level ``import``/``from ... import`` statements (also inside try/if)."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.add(alias.asname or alias.name.split(".")[0])
-    return names
-
-
 def source_of(node):
     return ast.unparse(node)
 

@@ -52,6 +52,18 @@ def _own_function(owner, name, module):
     raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
 
 
+def _function_at(module, qualname):
+    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) of ``module``;
+    a ShapeError naming what is missing otherwise."""
+    owner = module
+    *outer, name = qualname.split(".")
+    for part in outer:
+        owner = getattr(owner, part, None)
+        if not isinstance(owner, type):
+            raise ShapeError("%s has no class %s" % (module.__name__, part))
+    return _own_function(owner, name, module)
+
+
 def _loaded(modname):
     """An engine module the patch needs; already imported in every case measured (the
     target's own import pulls it in), imported here otherwise."""
@@ -124,11 +136,7 @@ def _fp8_probe(trees):
 
 
 def _fp8_prepare(modules):
-    module = modules[FLASHINFER_BACKEND]
-    cls = getattr(module, "FlashInferAttnBackend", None)
-    if not isinstance(cls, type):
-        raise ShapeError("%s has no class FlashInferAttnBackend" % FLASHINFER_BACKEND)
-    func = _own_function(cls, "forward_extend", module)
+    func = _function_at(modules[FLASHINFER_BACKEND], "FlashInferAttnBackend.forward_extend")
 
     def edit(func_def, mark):
         call, shape = _fp8_site(func_def)
@@ -258,14 +266,7 @@ def _autotune_prepare(modules):
 
 def _autotune_changes(module, qualname):
     """The changes that fix the decision ``qualname`` of ``module`` (see the comment above)."""
-    modname = module.__name__
-    owner = module
-    *outer, name = qualname.split(".")
-    for part in outer:
-        owner = getattr(owner, part, None)
-        if not isinstance(owner, type):
-            raise ShapeError("%s has no class %s" % (modname, part))
-    func = _own_function(owner, name, module)
+    func = _function_at(module, qualname)
     utils = _loaded("sglang.srt.utils")
     sm120 = getattr(utils, "is_sm120_supported", None)
     if not callable(sm120):
@@ -287,7 +288,7 @@ def _autotune_changes(module, qualname):
             if _local_import_of(func_def, "is_sm120_supported") is None:
                 local.names.append(ast.alias(name="is_sm120_supported"))
         elif "is_sm100_supported" not in func.__globals__:
-            raise ShapeError("is_sm100_supported is neither imported in %s nor a global of %s" % (qualname, modname))
+            raise ShapeError("is_sm100_supported is neither imported in %s nor a global of %s" % (qualname, module.__name__))
         elif "is_sm120_supported" not in func.__globals__:
             changes.append(_registry.SetAttr(module, "is_sm120_supported", sm120))
         _source.insert_before(func_def, either, mark)
@@ -375,11 +376,7 @@ def _vision_probe(trees):
 
 
 def _vision_prepare(modules):
-    module = modules[MODEL_CONFIG]
-    cls = getattr(module, "ModelConfig", None)
-    if not isinstance(cls, type):
-        raise ShapeError("%s has no class ModelConfig" % MODEL_CONFIG)
-    func = _own_function(cls, "__init__", module)
+    func = _function_at(modules[MODEL_CONFIG], "ModelConfig.__init__")
 
     def edit(func_def, mark):
         call, shape = _vision_site(func_def)
