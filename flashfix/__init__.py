@@ -41,9 +41,12 @@ _API = {
 
 # --- post-import hooks ------------------------------------------------------------------------
 
-_lock = _thread.RLock()
-_callbacks = {}  # module name -> list of callables taking the module
-_in_progress = set()  # names whose spec we are resolving (guards re-entry)
+_lock = _thread.RLock()  # held only for bookkeeping, never across an import or a callback
+_callbacks = {}  # module name -> callables taking the module; kept, so a reload or re-import runs them again
+_generation = {}  # module name -> how many times its code has run under our loader (a reload counts)
+_deferred = {}  # module name -> callbacks (or _ALL) waiting for that module's import to finish
+_resolving = set()  # (thread id, module name) whose spec we are asking the other finders for
+_ALL = None
 
 
 class HookAbort(Exception):
@@ -58,24 +61,63 @@ def _report(name, exc):
 on_error = _report
 
 
-def _run(module):
-    name = module.__name__
+def _strict():
+    import os
+
+    return os.environ.get("FLASHFIX_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _call(name, callback, module):
+    try:
+        callback(module)
+    except HookAbort:
+        raise
+    except Exception as exc:  # never break the engine's import, unless strict mode asks for it
+        if _strict():
+            raise HookAbort("flashfix strict mode: the post-import hook for %s failed: %r" % (name, exc)) from exc
+        on_error(name, exc)
+
+
+def _run(name, module):
+    """Run every callback of ``name``: its code has just run (import, re-import or reload)."""
     with _lock:
-        callbacks = _callbacks.pop(name, ())
+        _deferred.pop(name, None)
+        callbacks = list(_callbacks.get(name, ()))
     for callback in callbacks:
-        try:
-            callback(module)
-        except HookAbort:
-            raise
-        except Exception as exc:  # never break the engine's import
-            on_error(name, exc)
+        _call(name, callback, module)
+
+
+_executed = set()  # names whose code has run and whose callbacks are running (still "initializing")
+
+
+def _complete(name):
+    """``name`` is imported and its code has run (true inside its own post-import callbacks)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    return name in _executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def flush():
+    """Run the callbacks that waited for a module's import to finish (see ``when_imported``)."""
+    if not _deferred:
+        return
+    with _lock:
+        ready = [(name, _deferred.pop(name)) for name in list(_deferred) if _complete(name)]
+    for name, callbacks in ready:
+        module = sys.modules.get(name)
+        if callbacks is _ALL:
+            _run(name, module)
+        else:
+            for callback in callbacks:
+                _call(name, callback, module)
 
 
 class _Loader:
     """Delegates to the real loader, then runs the module's post-import callbacks."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, name):
+        self._loader, self._name = loader, name
 
     def __getattr__(self, attr):
         return getattr(self._loader, attr)
@@ -86,12 +128,21 @@ class _Loader:
 
     def exec_module(self, module):
         # Put the real loader back first, so the module looks as if we were never here.
-        module.__loader__ = self._loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self._loader
+        try:
+            module.__loader__ = self._loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self._loader
+        except Exception:  # an object that refuses attributes: the import system copes, so do we
+            pass
         self._loader.exec_module(module)
-        _run(sys.modules.get(module.__name__, module))
+        with _lock:
+            _generation[self._name] = _generation.get(self._name, 0) + 1
+            _executed.add(self._name)
+        try:
+            _run(self._name, sys.modules.get(self._name, module))
+        finally:
+            _executed.discard(self._name)
 
 
 class _Finder:
@@ -100,9 +151,14 @@ class _Finder:
     flashfix_finder = True  # lets activate() recognise an instance from another copy of this module
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _callbacks or fullname in _in_progress:
+        if _deferred:
+            flush()
+        if fullname not in _callbacks:
             return None
-        _in_progress.add(fullname)
+        key = (_thread.get_ident(), fullname)
+        if key in _resolving:
+            return None
+        _resolving.add(key)
         try:
             for finder in sys.meta_path:
                 if finder is self or getattr(finder, "flashfix_finder", False):
@@ -114,10 +170,14 @@ class _Finder:
             else:
                 return None
         finally:
-            _in_progress.discard(fullname)
+            _resolving.discard(key)
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec  # namespace package or legacy loader: leave it alone
-        spec.loader = _Loader(spec.loader)
+            # no loader to wrap (a namespace package, a legacy loader): the callbacks run once
+            # the import has finished, at the next import or status()
+            with _lock:
+                _deferred[fullname] = _ALL
+            return spec
+        spec.loader = _Loader(spec.loader, fullname)
         return spec
 
     def invalidate_caches(self):
@@ -134,14 +194,19 @@ def _install():
 
 
 def when_imported(name, callback):
-    """Call ``callback(module)`` after ``name`` is imported; at once if it already is."""
+    """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, once
+    its import finishes if it is being imported right now, and again after a reload."""
     _install()
     with _lock:
         _callbacks.setdefault(name, []).append(callback)
-        module = sys.modules.get(name)
-        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if name not in sys.modules:
             return  # the finder calls back once the module's code has run
-    _run(module)
+        if not _complete(name):  # mid-import (we were activated from inside it): after it
+            waiting = _deferred.get(name, [])
+            if waiting is not _ALL:
+                _deferred[name] = waiting + [callback]
+            return
+    _call(name, callback, sys.modules[name])
 
 
 def watched():
@@ -149,25 +214,33 @@ def watched():
         return sorted(_callbacks)
 
 
+def generation(name):
+    """How many times ``name``'s code has run under flashfix's loader (0: before flashfix)."""
+    return _generation.get(name, 0)
+
+
 # --- activation -------------------------------------------------------------------------------
 
 
-def _load_patch_module(module):
-    from flashfix import _registry
+def _patch_module_loader(top):
+    def load(module):
+        from flashfix import _registry
 
-    _registry.load_patch_module(PATCH_MODULES[module.__name__])
+        _registry.load_patch_module(PATCH_MODULES[top])
+
+    return load
 
 
 def activate():
     """Install the import hooks (idempotent). Every activation path ends here."""
     import os
 
-    if os.environ.get("FLASHFIX_DISABLE", "").strip().lower() == "all":
+    if "all" in [item.strip().lower() for item in os.environ.get("FLASHFIX_DISABLE", "").split(",")]:
         return
     for top in PATCH_MODULES:
         if not _activated.get(top):
             _activated[top] = True
-            when_imported(top, _load_patch_module)
+            when_imported(top, _patch_module_loader(top))
 
 
 _activated = {}

@@ -1,8 +1,10 @@
 """The three environment controls, parsed once and validated against the registered patch ids.
 
-FLASHFIX_DISABLE   ``all`` or a comma-separated list of patch ids
+FLASHFIX_DISABLE   a comma-separated list of patch ids, or ``all`` among them (empty items
+                   are ignored)
 FLASHFIX_STRICT    ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (default off)
-FLASHFIX_LOG_LEVEL a ``logging`` level name (default ``INFO``)
+FLASHFIX_LOG_LEVEL what ``logging`` accepts: a level name in any case (``warn`` and
+                   ``fatal`` included) or a number (default ``INFO``)
 
 A malformed value produces one message that names the variable, the value and what is
 accepted (for FLASHFIX_DISABLE, the valid patch ids). Outside strict mode the bad part is
@@ -16,6 +18,19 @@ from dataclasses import dataclass, field
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
 LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def log_level(raw):
+    """The ``logging`` level for ``raw`` (a name, in any case, or a number), or None."""
+    text = raw.strip()
+    if not text:
+        return logging.INFO
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    level = logging.getLevelName(text.upper())  # a known name gives its number
+    return level if isinstance(level, int) else None
 
 
 class ConfigError(ValueError):
@@ -49,21 +64,20 @@ def parse(valid_ids, environ=None):
                 "FLASHFIX_STRICT=%r is not a boolean; use 1 or 0 (treated as 0)" % env["FLASHFIX_STRICT"]
             )
 
-    level_raw = env.get("FLASHFIX_LOG_LEVEL", "").strip().upper() or "INFO"
-    if level_raw in LEVELS:
-        log_level = getattr(logging, level_raw)
-    else:
-        log_level = logging.INFO
+    level = log_level(env.get("FLASHFIX_LOG_LEVEL", ""))
+    if level is None:
+        level = logging.INFO
         problems.append(
-            "FLASHFIX_LOG_LEVEL=%r is not a level; use one of %s (using INFO)"
+            "FLASHFIX_LOG_LEVEL=%r is not a level; use one of %s or a number (using INFO)"
             % (env["FLASHFIX_LOG_LEVEL"], ", ".join(LEVELS))
         )
 
     disable_raw = env.get("FLASHFIX_DISABLE", "").strip()
-    disable_all = disable_raw.lower() == "all"
+    items = [item.strip() for item in disable_raw.split(",") if item.strip()]
+    disable_all = any(item.lower() == "all" for item in items)
     disabled = set()
-    if disable_raw and not disable_all:
-        items = [item.strip() for item in disable_raw.split(",")]
+    if items:
+        items = [item for item in items if item.lower() != "all"]
         unknown = [item for item in items if item not in valid_ids]
         disabled = {item for item in items if item in valid_ids}
         if unknown:
@@ -72,4 +86,4 @@ def parse(valid_ids, environ=None):
                 % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids)))
             )
 
-    return Config(disable_all, frozenset(disabled), strict, log_level, tuple(problems))
+    return Config(disable_all, frozenset(disabled), strict, level, tuple(problems))

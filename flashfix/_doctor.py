@@ -1,8 +1,9 @@
 """``flashfix doctor``: what flashfix would do here, read from distribution metadata and source.
 
 No engine, torch or FlashInfer is imported: each patch's shape probe reads the target
-modules' files with ``ast`` (located through ``PathFinder``), the same probe the runtime
-gate uses once the engine is imported.
+modules' source with ``ast`` (located as the import system would, through the finders on
+``sys.meta_path``: regular, editable, zipped and sourceless installs alike), the same probe
+the runtime gate uses once the engine is imported.
 """
 
 import json
@@ -19,14 +20,20 @@ def diagnose():
     for patch in patches:
         version = _registry.engine_version(patch.engine)
         in_range = False
-        if version is None and _source.module_file(patch.targets[0]) is None:
+        try:
+            targets = _registry.targets_of(patch)
+        except Exception as exc:
+            targets, failure = None, "cannot tell which modules to patch: %r" % (exc,)
+        if version is None and (not targets or all(_source.module_file(t) is None for t in targets)):
             verdict, reason = "not-installed", "%s is not installed" % patch.engine
         elif cfg.is_disabled(patch.id):
             verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
+        elif targets is None:
+            verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
         else:
-            trees = {name: _source.module_ast(name) for name in patch.targets}
-            verdict, reason = _registry.judge(patch, trees, version)
+            verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version)
             in_range = _registry.in_range(patch, version)
+        _source.forget()
         rows.append({
             "id": patch.id,
             "engine": patch.engine,

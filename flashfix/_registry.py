@@ -5,7 +5,8 @@ A patch module (``flashfix/<engine>_patch.py``) declares ``Patch`` objects and c
 are imported:
 
 1. disabled by FLASHFIX_DISABLE?                      -> ``disabled``
-2. the shape probe reads the targets' source (ast):
+2. the shape probe reads the targets' source (ast; a target without source is
+   ``unknown-shape``):
    fix already there -> ``fixed-upstream``; bug unreachable in this code -> ``not-affected``;
    unrecognised -> ``unknown-shape``; pre-fix shape -> 3.
 3. version gate: the installed version must be inside ``versions`` (pre-releases and dev
@@ -15,7 +16,14 @@ are imported:
    the ones already made are undone: ``applied`` or ``failed``, never half.
 
 Strict mode (FLASHFIX_STRICT=1) turns ``failed``, and ``unknown-shape`` on a version inside
-``versions``, into a ``PatchError`` raised from the target module's import.
+``versions``, into a ``PatchError`` raised from the target module's import, at every import
+of it (the hooks stay registered, so a retry is judged again and fails again).
+
+Threads: the registry's lock guards bookkeeping only; it is never held while a probe, a
+``prepare()`` or an apply runs (they may import), so an import in another thread never waits
+on flashfix. A patch being decided in one thread is skipped by another (``busy``), and
+decided again if its targets ran again meanwhile. A reload of a target runs the decision
+again for the new functions.
 """
 
 import importlib
@@ -26,7 +34,7 @@ import threading
 from dataclasses import dataclass
 
 import flashfix
-from flashfix import _config, _source
+from flashfix import _config, _locate, _source
 from flashfix._source import ShapeError
 
 log = logging.getLogger("flashfix")
@@ -54,7 +62,9 @@ class Shape:
 class Patch:
     id: str
     engine: str  # distribution name
-    targets: tuple  # modules that must be imported before the patch can apply
+    targets: object  # modules that must be imported before the patch can apply: a tuple, or a
+    # callable returning one, read from the source when the engine's top package is imported
+    # (the module that defines the code to change, in this engine's layout)
     versions: str  # PEP 440 specifiers: where the pre-fix shape may be patched
     upstream: str  # the upstream PR
     fixed_in: str  # first release that carries the fix
@@ -96,25 +106,55 @@ class SetAttr:
 class SwapCode:
     """Give an existing function new code, so every reference to it (``from x import f``
     copies included) runs the fix. ``marked`` reports its first run, then swaps itself for
-    ``plain``; undone only if the function still runs one of the two."""
+    ``plain``; undone only if the function still runs one of the two. The marker reaches
+    ``mark_ran`` through one global of the function's module (``_source.MARK_NAME``), added
+    with the first swap into that module and removed when the last is undone."""
 
     def __init__(self, func, marked, plain, site):
         self.func, self.marked, self.plain, self.site = func, marked, plain, site
         self.old = func.__code__
 
     def apply(self):
-        self.func.__code__ = self.marked
+        _hold_mark(self.func.__globals__)
+        try:
+            self.func.__code__ = self.marked
+        except Exception:
+            _release_mark(self.func.__globals__)
+            raise
         _sites[self.site] = self
 
     def undo(self):
-        _sites.pop(self.site, None)
+        if _sites.get(self.site) is self:
+            del _sites[self.site]
         if self.func.__code__ not in (self.marked, self.plain):
             log.warning("not restoring %s: its code was replaced by someone else since", self.func.__qualname__)
-            return
-        self.func.__code__ = self.old
+        else:
+            self.func.__code__ = self.old
+        _release_mark(self.func.__globals__)
 
     def __repr__(self):
         return "%s.%s (code)" % (self.func.__module__, self.func.__qualname__)
+
+
+_mark_users = {}  # id(module globals) -> how many applied SwapCodes need the marker global there
+
+
+def _hold_mark(namespace):
+    current = namespace.get(_source.MARK_NAME, _MISSING)
+    if current is not _MISSING and current is not mark_ran:
+        raise ShapeError("the module already has a global %s that is not flashfix's" % _source.MARK_NAME)
+    namespace[_source.MARK_NAME] = mark_ran
+    _mark_users[id(namespace)] = _mark_users.get(id(namespace), 0) + 1
+
+
+def _release_mark(namespace):
+    left = _mark_users.get(id(namespace), 0) - 1
+    if left > 0:
+        _mark_users[id(namespace)] = left
+        return
+    _mark_users.pop(id(namespace), None)
+    if namespace.get(_source.MARK_NAME) is mark_ran:
+        del namespace[_source.MARK_NAME]
 
 
 def _name(owner):
@@ -131,7 +171,7 @@ def rewrite(func, edit, patch_id):
 # --- state ----------------------------------------------------------------------------------
 
 _patches = {}  # id -> Patch, in registration order
-_records = {}  # id -> dict(state, reason, engine_version, ran, changes)
+_records = {}  # id -> dict(state, reason, engine_version, ran, changes, targets, decided, busy, again)
 _sites = {}  # marker site -> SwapCode
 _declared = {}  # patch module name -> its PATCHES
 _hooked = set()  # patch modules whose patches are hooked to their targets
@@ -146,25 +186,37 @@ def config():
     return _config_cache[0]
 
 
+class _Fallback(logging.StreamHandler):
+    """flashfix's records on stderr, but only while the application has configured no logging
+    of its own (the root logger has no handler); from then on they reach its handlers by
+    propagation, like any library's."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("flashfix %(levelname)s [pid %(process)d] %(message)s"))
+
+    def emit(self, record):
+        if logging.getLogger().handlers:
+            return
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def setup_logging():
-    """Configure the ``flashfix`` logger once (level from FLASHFIX_LOG_LEVEL, stderr, process id)."""
+    """Configure the ``flashfix`` logger once (level from FLASHFIX_LOG_LEVEL; see _Fallback)."""
     _setup_logging(config())
 
 
 def _setup_logging(cfg):
-    if _logging_ready:
-        return
-    _logging_ready.append(True)
+    with _lock:
+        if _logging_ready:
+            return
+        _logging_ready.append(True)
     log.setLevel(cfg.log_level)
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("flashfix %(levelname)s [pid %(process)d] %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
+    if not any(isinstance(h, _Fallback) for h in log.handlers):
+        log.addHandler(_Fallback())
     for problem in cfg.problems:
         log.error("%s", problem)
-    if cfg.problems and cfg.strict:
-        raise PatchError("; ".join(cfg.problems))
 
 
 def _hook_error(name, exc):
@@ -179,69 +231,77 @@ def register(patch):
         if patch.id in _patches:
             return
         _patches[patch.id] = patch
-        _records[patch.id] = {"state": "waiting", "reason": "waiting for %s" % ", ".join(patch.targets),
-                              "engine_version": None, "ran": False, "changes": []}
+        targets = patch.targets if isinstance(patch.targets, tuple) else ()
+        _records[patch.id] = {"state": "waiting", "reason": "waiting for its target modules to be imported",
+                              "engine_version": None, "ran": False, "changes": [], "targets": targets,
+                              "decided": None, "busy": False, "again": False}
 
 
 def _declare(name):
     """Import a patch module (declarations only) and register its ``PATCHES``."""
-    with _lock:
-        if name not in _declared:
-            module = importlib.import_module(name)
-            for patch in module.PATCHES:
-                register(patch)
-            _declared[name] = tuple(module.PATCHES)
-        return _declared[name]
+    if name not in _declared:
+        module = importlib.import_module(name)  # never under _lock: an import may wait on another thread
+        with _lock:
+            if name not in _declared:
+                for patch in module.PATCHES:
+                    register(patch)
+                _declared[name] = tuple(module.PATCHES)
+    return _declared[name]
 
 
 def load_all():
     """Every patch flashfix has, declared (no engine is imported)."""
     from flashfix import PATCH_MODULES
 
-    for name in PATCH_MODULES.values():
+    for name in list(PATCH_MODULES.values()):
         _declare(name)
     return list(_patches.values())
 
 
+def targets_of(patch):
+    """The patch's target modules, as read from the current reader's source."""
+    return tuple(patch.targets() if callable(patch.targets) else patch.targets)
+
+
 def load_patch_module(name):
     """Called when an engine's top-level package is imported: hook its patches to their targets."""
+    load_all()  # every id must be known before FLASHFIX_DISABLE is checked
+    cfg = config()
+    _setup_logging(cfg)
+    if cfg.problems and cfg.strict:  # at every import of the engine, not only the first
+        raise PatchError("flashfix strict mode: %s" % "; ".join(cfg.problems))
     with _lock:
         if name in _hooked:
             return
         _hooked.add(name)
-    load_all()  # every id must be known before FLASHFIX_DISABLE is checked
-    cfg = config()
-    _setup_logging(cfg)
     for patch in _declared[name]:
         record = _records[patch.id]
         record["engine_version"] = engine_version(patch.engine)
         if cfg.is_disabled(patch.id):
             _set(patch, "disabled", "disabled by FLASHFIX_DISABLE")
             continue
-        pending = list(patch.targets)
-        for target in patch.targets:
-            flashfix.when_imported(target, _arrival(patch, pending))
+        try:
+            targets = targets_of(patch)
+        except Exception as exc:
+            _set(patch, "unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
+            log.warning("%s: left untouched: %s", patch.id, record["reason"])
+            _strict(patch, record["reason"], in_range(patch, record["engine_version"]))
+            continue
+        record["targets"] = targets
+        record["reason"] = "waiting for %s" % ", ".join(targets)
+        for target in targets:
+            flashfix.when_imported(target, _arrival(patch))
 
 
-def _arrival(patch, pending):
+def _arrival(patch):
     def arrived(module):
-        with _lock:
-            if module.__name__ in pending:
-                pending.remove(module.__name__)
-            if pending:
-                return
         _activate(patch)
 
     return arrived
 
 
 def engine_version(dist):
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    return _locate.version(dist)
 
 
 def in_range(patch, version):
@@ -256,8 +316,17 @@ def in_range(patch, version):
         return False
 
 
+def read_trees(targets):
+    """``{module: AST, None (no such module) or _source.SOURCELESS}`` from the current reader."""
+    return {name: _source.module_ast(name) for name in targets}
+
+
 def judge(patch, trees, version):
     """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version."""
+    sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
+    if sourceless:
+        return "unknown-shape", "source not available for %s (a sourceless install?): its shape cannot be read" % (
+            ", ".join(sourceless))
     if any(tree is None for tree in trees.values()):
         missing = [name for name, tree in trees.items() if tree is None]
         return "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
@@ -277,50 +346,88 @@ def judge(patch, trees, version):
     return "unknown-shape", shape.reason
 
 
+def _loaded_key(targets):
+    """What the targets are right now: None while one is missing or mid-import."""
+    key = []
+    for name in targets:
+        if not flashfix._complete(name):
+            return None
+        key.append((id(sys.modules[name]), flashfix.generation(name)))
+    return tuple(key)
+
+
 def _activate(patch):
+    """Decide (and apply) ``patch`` once all its targets are imported; again after a target ran
+    again (reload, re-import after a failed import). Never under the lock."""
+    record = _records[patch.id]
     with _lock:
-        record = _records[patch.id]
-        if record["state"] not in ("waiting",):
-            return  # exactly once, whichever activation path gets here first
-        modules = {name: sys.modules[name] for name in patch.targets}
-        version = record["engine_version"]
-        trees = {name: _source.module_ast(name, modules) for name in patch.targets}
-        verdict, reason = judge(patch, trees, version)
-        if verdict != "patch":
-            _set(patch, verdict, reason)
-            if verdict == "unknown-shape":
-                log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, reason)
-                _strict(patch, reason, in_range(patch, version))
-            else:
-                log.debug("%s: %s", patch.id, reason)
+        if record["state"] == "disabled":
             return
-        try:
-            changes = patch.prepare(modules)
-        except ShapeError as exc:
-            _set(patch, "unknown-shape", str(exc))
-            log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, exc)
-            _strict(patch, str(exc), True)
+        if record["busy"]:
+            record["again"] = True  # the deciding thread decides again when it is done
             return
-        except Exception as exc:
-            _fail(patch, "preparing the patch failed: %r" % (exc,))
+        key = _loaded_key(record["targets"])
+        if key is None or key == record["decided"]:
             return
-        done = []
-        try:
-            for change in changes:
-                change.apply()
-                done.append(change)
-        except Exception as exc:
-            for change in reversed(done):
-                try:
-                    change.undo()
-                except Exception as undo_exc:  # pragma: no cover - reported, nothing else to do
-                    log.error("%s: undoing %r failed: %r", patch.id, change, undo_exc)
-            _fail(patch, "applying %r failed, earlier parts undone: %r" % (change, exc))
-            return
-        record["changes"] = changes
-        _set(patch, "applied", "%s (%s %s)" % (patch.summary, patch.engine, version))
-        log.info("applied %s to %s %s in pid %d: %s; upstream %s", patch.id, patch.engine, version, os.getpid(),
-                 ", ".join(map(repr, changes)), patch.upstream)
+        record["busy"] = True
+    try:
+        while True:
+            record["decided"] = key
+            _decide(patch, record)
+            with _lock:
+                key = _loaded_key(record["targets"])
+                if not record["again"] or key is None or key == record["decided"]:
+                    record["again"] = False
+                    break
+                record["again"] = False
+    finally:
+        with _lock:
+            record["busy"] = False
+        _source.forget()
+
+
+def _decide(patch, record):
+    targets = record["targets"]
+    modules = {name: sys.modules[name] for name in targets}
+    version = record["engine_version"]
+    verdict, reason = judge(patch, read_trees(targets), version)
+    if verdict != "patch":
+        _set(patch, verdict, reason)
+        if verdict == "unknown-shape":
+            log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, reason)
+            _strict(patch, reason, in_range(patch, version))
+        else:
+            log.debug("%s: %s", patch.id, reason)
+        return
+    try:
+        changes = patch.prepare(modules)
+    except ShapeError as exc:
+        _set(patch, "unknown-shape", str(exc))
+        log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, exc)
+        _strict(patch, str(exc), True)
+        return
+    except Exception as exc:
+        _fail(patch, "preparing the patch failed: %r" % (exc,))
+        return
+    done = []
+    try:
+        for change in changes:
+            change.apply()
+            done.append(change)
+    except Exception as exc:
+        for undone in reversed(done):
+            try:
+                undone.undo()
+            except Exception as undo_exc:  # pragma: no cover - reported, nothing else to do
+                log.error("%s: undoing %r failed: %r", patch.id, undone, undo_exc)
+        _fail(patch, "applying %r failed, earlier parts undone: %r" % (change, exc))
+        return
+    again = record["state"] == "applied"
+    with _lock:
+        record["changes"].extend(changes)  # after a reload the old functions keep theirs, revert undoes all
+    _set(patch, "applied", "%s (%s %s)" % (patch.summary, patch.engine, version))
+    log.info("%s %s to %s %s in pid %d: %s; upstream %s", "re-applied" if again else "applied", patch.id,
+             patch.engine, version, os.getpid(), ", ".join(map(repr, changes)), patch.upstream)
 
 
 def _fail(patch, reason):
@@ -341,13 +448,25 @@ def _set(patch, state, reason):
 
 
 def mark_ran(site):
-    """Called once by a marker statement inside patched code: record it, drop the marker."""
+    """Called by the marker statement inside rewritten code (as ``__flashfix_mark__(site)``):
+    record that the patch ran, then give the function its marker-free code. Written so that
+    ``torch.compile`` traces it (dict lookups and one store, replayed by the compiled code);
+    while tracing, the code is left alone."""
+    record = _records.get(site.split(":", 1)[0])
+    if record is not None:
+        record["ran"] = True
+    torch = sys.modules.get("torch")
+    if torch is not None and _compiling(torch):
+        return
     change = _sites.get(site)
-    patch_id = site.split(":", 1)[0]
-    if patch_id in _records:
-        _records[patch_id]["ran"] = True
     if change is not None and change.func.__code__ is change.marked:
         change.func.__code__ = change.plain
+
+
+def _compiling(torch):
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check is not None and check())
 
 
 def note_ran(patch_id):
@@ -363,6 +482,7 @@ def note_ran(patch_id):
 def status():
     """Per patch: id, engine, state, reason, engine_version, ran, upstream, fixed_in."""
     load_all()
+    flashfix.flush()  # a target whose import finished since, without another import after it
     rows = []
     for patch in _patches.values():
         record = _records[patch.id]
@@ -370,8 +490,14 @@ def status():
         reason = record["reason"]
         if record["state"] == "waiting":
             version = version or engine_version(patch.engine)
-            missing = [t for t in patch.targets if _source.module_file(t) is None]
-            if version is None and len(missing) == len(patch.targets):
+            try:
+                targets = record["targets"] or targets_of(patch)
+            except Exception as exc:
+                targets, state, reason = (), "unknown-shape", "cannot tell which modules to patch: %r" % (exc,)
+            missing = [t for t in targets if _source.module_file(t) is None]
+            if not targets:
+                pass
+            elif version is None and len(missing) == len(targets):
                 state, reason = "not-installed", "%s is not installed" % patch.engine
             elif config().is_disabled(patch.id):
                 state, reason = "disabled", "disabled by FLASHFIX_DISABLE"
@@ -387,6 +513,7 @@ def status():
             "upstream": patch.upstream,
             "fixed_in": patch.fixed_in,
         })
+    _source.forget()
     return rows
 
 

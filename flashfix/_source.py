@@ -1,22 +1,24 @@
 """Reading engine source without importing it, and recompiling one function with an edit.
 
-Shape probes read a module's source through its file (located with ``PathFinder``, which
-imports nothing, not even the parent package) and ``ast``. The same reading serves
+Shape probes read a module's source through the current reader (``_locate``: by default
+the import system's own finders, which import nothing) and ``ast``. The same reading serves
 ``flashfix doctor`` (engine not imported) and the runtime gate (engine imported), so both
-decide from the same facts.
+decide from the same facts. Parsed trees live only while patches are being decided
+(``forget()``), so no engine process keeps them.
 
 ``rewrite()`` is how a patch changes a line inside an engine function: the function's own
-source is parsed, checked against the loaded code (if the file on disk is not what was
-loaded, nothing is done), edited as an AST, and compiled to a new code object with the
-same name, line numbers, free variables and name mangling. The caller swaps that code
+source is parsed, recompiled unedited and compared with the loaded code object tree (if
+the source is not what was loaded, nothing is done), edited as an AST, and compiled to a
+new code object with the same name, line numbers, ``__future__`` flags, free variables,
+global bindings and name mangling. The caller swaps that code
 into the *existing* function object, so every reference to it, including ``from x import
 f`` copies in other modules, runs the fix, and the per-call cost is that of the fixed code.
 """
 
 import ast
 import copy
-import os
-from importlib.machinery import PathFinder
+
+from flashfix import _locate
 
 
 class ShapeError(Exception):
@@ -24,46 +26,44 @@ class ShapeError(Exception):
 
 
 def module_file(modname, modules=None):
-    """Path of ``modname``'s source, without importing it or its parents; None if absent."""
-    import sys
-
-    module = (modules or sys.modules).get(modname)
-    if module is not None and getattr(module, "__file__", None):
-        return module.__file__
-    parts = modname.split(".")
-    spec = PathFinder.find_spec(parts[0])
-    if spec is None:
-        return None
-    if len(parts) == 1:
-        return spec.origin
-    for location in spec.submodule_search_locations or ():
-        base = os.path.join(location, *parts[1:])
-        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(candidate):
-                return candidate
-    return None
+    """Where ``modname``'s code comes from (a path, or a path inside a zip), located as the
+    import system would, without importing it; None if there is no such module."""
+    found = _locate.find(modname)
+    return found.origin if found is not None else None
 
 
-_parsed = {}
+SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but has no source
+
+_parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
 
 
-def parse_file(path):
-    """The module's AST (cached per path and modification time)."""
-    stat = os.stat(path)
-    key = (path, stat.st_mtime_ns, stat.st_size)
+def parse_text(text, origin):
+    key = (origin, text)
     tree = _parsed.get(key)
     if tree is None:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read(), filename=path)
-        _parsed[key] = tree
+        tree = _parsed[key] = ast.parse(text, filename=origin or "<unknown>")
     return tree
 
 
+def parse_file(path):
+    """The AST of the file at ``path``."""
+    return parse_text(_locate._read(path), path)
+
+
+def forget():
+    """Drop every parsed tree (they are only needed while patches are being decided)."""
+    _parsed.clear()
+
+
 def module_ast(modname, modules=None):
-    path = module_file(modname, modules)
-    if path is None or not path.endswith(".py"):
+    """``modname``'s AST from the current reader; None if the module does not exist,
+    ``SOURCELESS`` if it exists without source."""
+    found = _locate.find(modname)
+    if found is None:
         return None
-    return parse_file(path)
+    if found.text is None:
+        return SOURCELESS
+    return parse_text(found.text, found.origin)
 
 
 def find_def(tree, qualname):
@@ -103,12 +103,13 @@ def source_of(node):
 
 # --- recompiling one function -------------------------------------------------------------
 
-MARKER = "__flashfix_marker__"
+MARK_NAME = "__flashfix_mark__"  # the module global through which marked code reports its first run
 
 
 def marker(site):
-    """A statement that reports its first run to the registry (removed again after that run)."""
-    call = ast.parse("__import__('flashfix._registry', fromlist=['_']).mark_ran(%r)" % (site,)).body[0]
+    """A statement that reports the rewritten code's first run: a call of a plain function that
+    the patched module holds as a global (``torch.compile`` traces it; see _registry.mark_ran)."""
+    call = ast.Expr(ast.Call(ast.Name(MARK_NAME, ast.Load()), [ast.Constant(site)], []))
     call.flashfix_marker = True
     return call
 
@@ -166,9 +167,32 @@ def _strip_markers(node):
     return node
 
 
-def _def_node(func):
+def function_source(func):
+    """``(text, origin)``: the source of the module that ``func``'s code was compiled from, read
+    now (through the module's loader, so a zipped module reads too). ShapeError if none."""
+    import sys
+
     code = func.__code__
-    tree = parse_file(code.co_filename)
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    text = None
+    if module is not None and getattr(module, "__file__", None) == code.co_filename:
+        spec = getattr(module, "__spec__", None)
+        loader = getattr(spec, "loader", None) or getattr(module, "__loader__", None)
+        text = _locate._loader_source(loader, module.__name__, code.co_filename)
+    elif code.co_filename.endswith(".py"):
+        try:
+            text = _locate._read(code.co_filename)
+        except OSError:
+            text = None
+    if text is None:
+        raise ShapeError("the source of %s is not available (%s)" % (func.__qualname__, code.co_filename))
+    return text, code.co_filename
+
+
+def _def_node(func, tree=None):
+    code = func.__code__
+    if tree is None:
+        tree = parse_text(*function_source(func))
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -190,18 +214,32 @@ def _top_level_imports(tree):
     return names
 
 
-def _imported_at_top(filename):
+def _imported_at_top(tree):
     """``if False: import a, b`` for the names the original module imports at top level. The
     compiler treats attribute calls on such names differently (since 3.11.x: ``LOAD_ATTR``, not
     ``LOAD_METHOD``), so the recompiled code must see the same import bindings to match."""
-    names = sorted(_top_level_imports(parse_file(filename))) if os.path.isfile(filename) else []
+    names = sorted(_top_level_imports(tree))
     if not names:
         return []
     return [ast.If(test=ast.Constant(False), body=[ast.Import([ast.alias(n) for n in names])], orelse=[])]
 
 
-def _compile(func, def_node):
-    """Compile ``def_node`` as ``func``'s code: same file, lines, free variables and mangling."""
+def _future_mask():
+    import __future__
+
+    mask = 0
+    for feature in __future__.all_feature_names:
+        mask |= getattr(__future__, feature).compiler_flag
+    return mask & ~CO_NESTED  # nested_scopes' flag is CO_NESTED: always on, and not a future import
+
+
+CO_NESTED = 0x10
+FUTURE_FLAGS = _future_mask()
+
+
+def _compile(func, def_node, tree):
+    """Compile ``def_node`` as ``func``'s code: same file, lines, ``__future__`` flags, free
+    variables, global/local bindings and private-name mangling."""
     code = func.__code__
     node = copy.deepcopy(def_node)
     node.decorator_list = []
@@ -214,57 +252,107 @@ def _compile(func, def_node):
     node.returns = None
     parts = func.__qualname__.split(".")
     owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
-    body = [node]
     if owner is not None:  # keep private-name mangling and the __class__ cell of zero-arg super()
         body = [ast.ClassDef(name=owner, bases=[], keywords=[], body=[node], decorator_list=[], type_params=[])]
         fetch = "%s.__dict__[%r]" % (owner, node.name)
     else:
+        body = [node]
         fetch = node.name
+    bound = owner or node.name  # the name the scaffold binds: a global in the original unless free there
     outer_args = [v for v in code.co_freevars if v != "__class__"]
-    outer = ast.FunctionDef(
-        name="__flashfix_outer__",
-        args=ast.arguments(
-            posonlyargs=[], args=[ast.arg(a) for a in outer_args], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
-        ),
-        body=body + [ast.Return(ast.parse(fetch, mode="eval").body)],
-        decorator_list=[],
-        returns=None,
-        type_params=[],
-    )
-    if outer_args:  # make the names free variables of the inner function, as in the original
-        outer.body.insert(0, ast.parse("(%s,)" % ", ".join(outer_args)).body[0])
-    module = ast.Module(body=_imported_at_top(code.co_filename) + [outer], type_ignores=[])
+    if outer_args:  # the free variables must be free in the new code too: one enclosing function
+        prologue = [] if bound in outer_args else [ast.Global([bound])]
+        prologue.append(ast.parse("(%s,)" % ", ".join(outer_args)).body[0])
+        outer = ast.FunctionDef(
+            name="__flashfix_outer__",
+            args=ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in outer_args], vararg=None, kwonlyargs=[],
+                               kw_defaults=[], kwarg=None, defaults=[]),
+            body=prologue + body + [ast.Return(ast.parse(fetch, mode="eval").body)],
+            decorator_list=[], returns=None, type_params=[],
+        )
+        body = [outer]
+    module = ast.Module(body=_imported_at_top(tree) + body, type_ignores=[])
     for n in ast.walk(module):
         if not hasattr(n, "lineno") or n.lineno is None:
             ast.copy_location(n, def_node)
     ast.fix_missing_locations(module)
     namespace = {}
-    exec(compile(module, code.co_filename, "exec", dont_inherit=True), namespace)
-    built = namespace["__flashfix_outer__"](*([None] * len(outer_args)))
-    built = getattr(built, "__func__", built)
-    new = built.__code__
+    exec(compile(module, code.co_filename, "exec", flags=code.co_flags & FUTURE_FLAGS, dont_inherit=True), namespace)
+    if outer_args:
+        built = namespace["__flashfix_outer__"](*([None] * len(outer_args)))
+    else:
+        built = eval(fetch, namespace)
+    new = getattr(built, "__func__", built).__code__
     if new.co_freevars != code.co_freevars:
-        raise ShapeError("free variables differ after recompiling %s" % func.__qualname__)
+        raise ShapeError("free variables differ after recompiling %s: %s, loaded %s"
+                         % (func.__qualname__, new.co_freevars, code.co_freevars))
+    changes = {"co_name": code.co_name, "co_flags": (new.co_flags & ~CO_NESTED) | (code.co_flags & CO_NESTED)}
     if hasattr(code, "co_qualname"):  # Python 3.11+
-        return new.replace(co_name=code.co_name, co_qualname=code.co_qualname)
-    return new.replace(co_name=code.co_name)
+        changes["co_qualname"] = code.co_qualname
+    return new.replace(**changes)
 
 
-def rewrite(func, edit, site=None):
+_CODE_FIELDS = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_flags", "co_argcount",
+                "co_posonlyargcount", "co_kwonlyargcount", "co_name")
+
+
+def code_difference(a, b, where=""):
+    """None if code objects ``a`` and ``b`` are the same program (bytecode, names, constants,
+    nested code objects, flags), else a short description of the first difference."""
+    where = where or a.co_name
+    for field in _CODE_FIELDS:
+        if getattr(a, field) != getattr(b, field):
+            return "%s differs in %s" % (where, field)
+    if len(a.co_consts) != len(b.co_consts):
+        return "%s differs in its constants" % where
+    for x, y in zip(a.co_consts, b.co_consts):
+        problem = _const_difference(x, y, where)
+        if problem:
+            return problem
+    return None
+
+
+def _const_difference(x, y, where):
+    if type(x) is not type(y):
+        return "%s differs in a constant" % where
+    if isinstance(x, type(_const_difference.__code__)):
+        return code_difference(x, y, "%s.%s" % (where, x.co_name))
+    if isinstance(x, (tuple, frozenset)):
+        xs, ys = (list(x), list(y)) if isinstance(x, tuple) else (sorted(x, key=repr), sorted(y, key=repr))
+        if len(xs) != len(ys):
+            return "%s differs in a constant" % where
+        for a, b in zip(xs, ys):
+            problem = _const_difference(a, b, where)
+            if problem:
+                return problem
+        return None
+    if isinstance(x, float) and x != x and y != y:  # NaN
+        return None
+    if x != y or repr(x) != repr(y):  # repr tells -0.0 from 0.0
+        return "%s differs in a constant" % where
+    return None
+
+
+def rewrite(func, edit):
     """New code objects for ``func`` after ``edit(def_node)`` (which edits in place and may
     insert ``marker(site)`` statements). Returns ``(code_with_marker, code_without)``.
 
-    Raises ShapeError when the source on disk is not what is loaded or ``edit`` refuses.
+    The function's source is read now and recompiled unedited first: unless that gives the
+    very code object tree that is loaded (bytecode, constants, names, nested code, flags),
+    nothing is done (ShapeError): the file was edited after import, or someone else already
+    changed the function. ShapeError also when ``edit`` refuses.
     """
-    original = _def_node(func)
-    same = _compile(func, original)
-    if same.co_code != func.__code__.co_code or same.co_names != func.__code__.co_names:
+    text, origin = function_source(func)
+    tree = parse_text(text, origin)
+    original = _def_node(func, tree)
+    problem = code_difference(_compile(func, original, tree), func.__code__)
+    if problem:
         raise ShapeError(
-            "the source of %s on disk differs from the loaded code (edited after import, or already patched)"
-            % func.__qualname__
+            "the source of %s on disk differs from the loaded code (edited after import, or already patched): %s"
+            % (func.__qualname__, problem)
         )
     node = copy.deepcopy(original)
     edit(node)
-    with_marker = _compile(func, node)
-    without = _compile(func, _strip_markers(copy.deepcopy(node)))
+    with_marker = _compile(func, node, tree)
+    without = _compile(func, _strip_markers(copy.deepcopy(node)), tree)
     return with_marker, without
