@@ -60,7 +60,7 @@ class ImportSystem:
             if spec is None:
                 return None
         origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
-        if spec.loader is None and spec.submodule_search_locations is not None:
+        if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
             return Found(name, origin, None)  # a namespace package: no code at all
         return Found(name, origin, _loader_source(spec.loader, name, origin))
 
@@ -224,7 +224,7 @@ class PathReader(ImportSystem):
         if spec is None:
             return None
         origin = spec.origin
-        if spec.loader is None and spec.submodule_search_locations is not None:
+        if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
             return Found(name, origin, None)
         return Found(name, origin, _loader_source(spec.loader, name, origin))
 

@@ -14,7 +14,7 @@ import ast
 import importlib
 import sys
 
-from flashfix import _registry, _source
+from flashfix import _locate, _registry, _source
 from flashfix._registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape
 from flashfix._source import ShapeError
 
@@ -179,9 +179,9 @@ FP8_KV_SCALES = Patch(
 #   stays no. ``is_sm120_supported`` is added to the function's own
 #   ``from sglang.srt.utils import is_sm100_supported``, or, where the helper is a module
 #   global, set on the module as a second (revertible) change.
-# Where the decision lives (the patch waits for sglang.srt.model_executor.model_runner,
-#   which exists in every release and whose import pulls in the runner modules; the probe
-#   reads the other files from disk):
+# Where the decision lives (the patch waits for the module that defines it in this release,
+#   found from the source text when ``sglang`` is imported, so a process that imports only
+#   that module, as SGLang's own autotune tests do, is patched too):
 #   - up to 0.5.13: ``ModelRunner._should_run_flashinfer_autotune`` in model_runner.py, MoE
 #     and FP4 GEMM only, no FP8 condition: not affected;
 #   - 0.5.14: method ``BaseRunner._should_run_flashinfer_autotune`` (runner/base_runner.py);
@@ -242,6 +242,17 @@ def _autotune_locate(tree_of):
     return modname, qualname, node, _autotune_site(node)[1]
 
 
+def _autotune_targets():
+    """The module that defines the decision in the installed layout (from its text, no parse),
+    or model_runner where none or several do (the probe then says why)."""
+    defining = []
+    for modname, qualname in AUTOTUNE_SITES:
+        found = _locate.find(modname)
+        if found is not None and found.text is not None and "def %s(" % qualname.rsplit(".", 1)[-1] in found.text:
+            defining.append(modname)
+    return (defining[0],) if len(set(defining)) == 1 else (MODEL_RUNNER,)
+
+
 def _autotune_probe(trees):
     def tree_of(modname):
         return trees[modname] if modname in trees else _source.module_ast(modname)
@@ -300,7 +311,7 @@ def _autotune_changes(module, qualname):
 SM120_FP8_AUTOTUNE = Patch(
     id=AUTOTUNE_ID,
     engine="sglang",
-    targets=(MODEL_RUNNER,),
+    targets=_autotune_targets,
     versions=VERSIONS,
     upstream=UPSTREAM,
     fixed_in=FIXED_IN,

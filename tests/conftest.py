@@ -50,14 +50,14 @@ def prepare(modules):
     import os
     calls.append(1)
     mod = modules["fakeeng.core"]
-    changes = [_registry.rewrite(mod.Engine.compute, edit, "fake-compute")]
+    changes = [_registry.rewrite(mod.Engine.compute, edit, "fake-compute"),
+               SetAttr(mod.Engine, "other", lambda self: "patched other")]
     if os.environ.get("FAKE_SECOND_PART") == "break":
         class Broken:
             def __init__(self): self.name = "broken"
             def apply(self): raise RuntimeError("second part cannot apply")
             def undo(self): pass
         changes.append(Broken())
-    changes.append(SetAttr(mod.Engine, "other", lambda self: "patched other"))
     return changes
 
 PATCHES = (
@@ -74,15 +74,19 @@ PATCHES = (
 def fake_site(tmp_path):
     """A directory with a fake engine 'fakeeng' (version from FAKE_VERSION, default 1.0) and its patch module."""
 
-    def make(version="1.0", engine_source=FAKE_ENGINE):
+    def make(version="1.0", engine_source=FAKE_ENGINE, patches=FAKE_PATCHES, extra=None):
         site = tmp_path / "site"
         (site / "fakeeng").mkdir(parents=True, exist_ok=True)
         (site / "fakeeng" / "__init__.py").write_text("")
-        (site / "fakeeng" / "core.py").write_text(engine_source)
+        if engine_source is not None:
+            (site / "fakeeng" / "core.py").write_text(engine_source)
+        for name, text in (extra or {}).items():  # more files, relative to the site
+            (site / name).parent.mkdir(parents=True, exist_ok=True)
+            (site / name).write_text(text)
         dist = site / ("fakeeng-%s.dist-info" % version)
         dist.mkdir(exist_ok=True)
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeeng\nVersion: %s\n" % version)
-        (site / "fake_patches.py").write_text(FAKE_PATCHES)
+        (site / "fake_patches.py").write_text(patches)
         return site
 
     return make

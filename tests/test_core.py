@@ -114,6 +114,21 @@ def test_fixed_upstream_and_version_gate(fake_site):
         report(state=state()["state"], same=core.Engine.compute.__code__ is code)
     ''', site)
     assert r == {"state": "fixed-upstream", "same": True}
+    # the version gate: the fixed shape is fixed-upstream whatever the version says, and the
+    # pre-fix shape is patched inside the range (1.99, a 1.5 dev build) but not at 2.0
+    for version, expected in (("1.99", "applied"), ("1.5.dev3", "applied"), ("2.0", "unknown-shape")):
+        site = fake_site(version=version)
+        for stale in site.glob("fakeeng-*.dist-info"):
+            if stale.name != "fakeeng-%s.dist-info" % version:
+                import shutil
+                shutil.rmtree(stale)
+        (r,), _ = run_py('''
+            import fakeeng.core as core
+            use_fake()
+            report(state=state()["state"], version=state()["engine_version"], value=core.Engine().compute(1))
+        ''', site)
+        assert (r["state"], r["version"]) == (expected, version)
+        assert r["value"] == (3 if expected == "applied" else 2)
 
 
 def test_pre_fix_shape_outside_version_range_is_unknown(fake_site):
@@ -206,8 +221,11 @@ def test_failing_hook_never_breaks_the_import(fake_site):
 
 def test_log_level_quiets_info(fake_site):
     site = fake_site()
-    _, proc = run_py('use_fake(); import fakeeng.core', site, env={"FLASHFIX_LOG_LEVEL": "warning"})
-    assert "applied fake-compute" not in proc.stderr
+    code = 'use_fake(); import fakeeng.core; report(state=state()["state"])'
+    (r,), proc = run_py(code, site, env={"FLASHFIX_LOG_LEVEL": "debug"})
+    assert r["state"] == "applied" and "applied fake-compute" in proc.stderr  # the line exists at DEBUG ...
+    (r,), proc = run_py(code, site, env={"FLASHFIX_LOG_LEVEL": "warning"})
+    assert r["state"] == "applied" and "applied fake-compute" not in proc.stderr  # ... and WARNING hides it
 
 
 def test_status_lists_every_patch_without_importing_engines():
