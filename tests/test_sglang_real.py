@@ -190,3 +190,48 @@ def test_autotune_helper_added_to_module_globals_when_not_imported_locally():
     assert variant == {"had_global": False, "changes": ["SetAttr", "SwapCode"], "released": False,
                        "added_is_utils_helper": True, "patched": True, "after_undo": False,
                        "global_removed": True}, variant
+
+
+ALONE = r'''
+import json, sys
+from types import SimpleNamespace
+import flashfix
+import importlib
+from flashfix import sglang_patch
+site_module = sglang_patch._autotune_targets()[0]
+module = importlib.import_module(site_module)  # only the module that defines the decision
+import torch
+from sglang.srt.utils import common
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda device=None: (12, 0)
+if not torch.version.cuda:
+    torch.version.cuda = "12.9"
+for name in dir(common):
+    if name.startswith("is_") and hasattr(getattr(common, name), "cache_clear"):
+        getattr(common, name).cache_clear()
+server_args = SimpleNamespace(disable_flashinfer_autotune=False, moe_runner_backend="auto", moe_a2a_backend="none",
+                              speculative_moe_runner_backend=None, speculative_moe_a2a_backend=None,
+                              flashinfer_autotune_skip_ops=None)
+runner = SimpleNamespace(device="cuda", server_args=server_args, model_config=SimpleNamespace(quantization="modelopt_fp8"),
+                         spec_algorithm=SimpleNamespace(is_speculative=lambda: False), is_draft_worker=False)
+qualname = dict(sglang_patch.AUTOTUNE_SITES)[site_module]
+if "." in qualname:
+    cls, name = qualname.split(".")
+    decision = getattr(module, cls).__dict__[name](SimpleNamespace(model_runner=runner))
+else:
+    decision = getattr(module, qualname)(runner)
+row = next(r for r in flashfix.status() if r["id"] == sglang_patch.AUTOTUNE_ID)
+print("FLASHFIX_RESULT=" + json.dumps({"site": site_module, "decision": bool(decision), "state": row["state"],
+      "model_runner_loaded": "sglang.srt.model_executor.model_runner" in sys.modules}))
+'''
+
+
+@pytest.mark.parametrize("release", [v for v in RELEASES if EXPECTED[v][AUTOTUNE] == "patch"])
+def test_autotune_fixed_when_only_its_own_module_is_imported(release):
+    # SGLang's own autotune tests import the defining module alone: the patch must not wait
+    # for model_runner. SM120 with a modelopt FP8 checkpoint: autotune, as upstream decides.
+    (r,) = engine_env.run("sglang==" + release, ALONE)
+    assert r["model_runner_loaded"] is False
+    assert r["site"] == {"0.5.14": "sglang.srt.model_executor.runner.base_runner"}.get(
+        release, "sglang.srt.model_executor.runner.flashinfer_autotune")
+    assert r["state"] == "applied" and r["decision"] is True
