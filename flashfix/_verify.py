@@ -83,7 +83,7 @@ from flashfix import _registry
 for patch in _registry.load_all():
     if _registry.engine_version(patch.engine) is None:
         continue
-    for target in patch.targets:
+    for target in _registry.targets_of(patch):
         try:
             importlib.import_module(target)
         except Exception:

@@ -25,7 +25,7 @@ def report(key, value):
 VERSION = version("sglang")
 patches = [p for p in _registry.load_all() if p.engine == "sglang"]
 report("doctor", {
-    "verdicts": {p.id: list(_registry.judge(p, {t: _source.module_ast(t) for t in p.targets}, VERSION))
+    "verdicts": {p.id: list(_registry.judge(p, {t: _source.module_ast(t) for t in _registry.targets_of(p)}, VERSION))
                  for p in patches},
     "heavy": sorted(m for m in ("sglang", "torch", "flashinfer", "transformers") if m in sys.modules),
 })

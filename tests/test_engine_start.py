@@ -27,7 +27,7 @@ assert "flashfix" in sys.modules, "the plugin loader did not load flashfix"
 from flashfix import _registry, _plugin
 _plugin.register()  # a third activation in the same process
 for patch in _registry.load_all():
-    for target in patch.targets:
+    for target in _registry.targets_of(patch):
         try:
             importlib.import_module(target)
         except ImportError:

@@ -80,7 +80,7 @@ report({
     "factory_same": factory is originals["factory"],
     "forward_same": forward is originals["forward"],
     "code_same": forward.__code__ is originals["code"],
-    "code_from_disk": _source._compile(forward, _source._def_node(forward)).co_code == forward.__code__.co_code,
+    "code_from_disk": _source.code_difference(_source.rewrite(forward, lambda node: None)[1], forward.__code__) is None,
     "globals_same": set(vars(mod)) == originals["globals"],
     "changes": len(_registry._records[patch.id]["changes"]),
 })
