@@ -272,8 +272,14 @@ def _autotune_traces(tree):
     for node in ast.walk(tree):
         hits = [w for w in _words(node) if "autotun" in w.lower()]
         if hits:
-            traces.append("%s %r (line %s)" % (type(node).__name__, hits[0][:60], getattr(node, "lineno", "?")))
+            traces.append("%s %r (line %s)" % (_WORD_KINDS.get(type(node), type(node).__name__),
+                                               " ".join(hits[0].split())[:50], getattr(node, "lineno", "?")))
     return traces
+
+
+_WORD_KINDS = {ast.FunctionDef: "def", ast.AsyncFunctionDef: "def", ast.ClassDef: "class",
+               ast.ImportFrom: "import from", ast.alias: "import", ast.Name: "name", ast.Attribute: "attribute",
+               ast.keyword: "keyword", ast.arg: "argument", ast.Constant: "string"}
 
 
 def _autotune_absence(trees):
@@ -283,10 +289,11 @@ def _autotune_absence(trees):
     if sourceless:
         return Shape(UNKNOWN, "expected one flashinfer autotune decision, found nowhere; the source of %s is "
                               "not available" % ", ".join(sourceless))
-    traces = ["%s: %s" % (m, trace) for m, t in trees.items() if t is not None for trace in _autotune_traces(t)]
-    if traces:
-        return Shape(UNKNOWN, "expected one flashinfer autotune decision, found nowhere, but %s%s"
-                     % ("; ".join(traces[:3]), " and %d more" % (len(traces) - 3) if len(traces) > 3 else ""))
+    traces = {m: _autotune_traces(t) for m, t in trees.items() if t is not None}
+    if any(traces.values()):
+        return Shape(UNKNOWN, "expected one flashinfer autotune decision, found nowhere, but %s" % "; ".join(
+            "%s has %s%s" % (m, ", ".join(found[:3]), " and %d more" % (len(found) - 3) if len(found) > 3 else "")
+            for m, found in traces.items() if found))
     read = [m for m, t in trees.items() if t is not None]
     missing = [m for m, t in trees.items() if t is None]
     return Shape(ABSENT, "no FlashInfer autotune in this release: nothing in %s defines an autotune decision, "
