@@ -149,15 +149,21 @@ def releases(dist, data, page_url, since=None):
 
 
 class RecordingZip(RemoteZip):
-    """A remote wheel that records the sha256 and size of every member read from it."""
+    """A remote wheel that records the sha256 and size of every member read from it, and every
+    read that failed (a probe that reads a module itself would turn such a failure into an
+    ``unknown-shape`` verdict; the sweep reports it as the network failure it is)."""
 
     def __init__(self, url, http, **kwargs):
-        self.members_read = {}
+        self.members_read, self.failures = {}, []
         self._record_lock = threading.Lock()
         super().__init__(url, session=http, **kwargs)
 
     def read(self, name, pwd=None):
-        data = super().read(name, pwd)
+        try:
+            data = super().read(name, pwd)
+        except (requests.RequestException, RemoteZipError, OSError) as exc:
+            self.failures.append("%s: %s" % (name, exc))
+            raise
         with self._record_lock:
             self.members_read[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         return data
@@ -226,6 +232,8 @@ def sweep_one(dist, version, wheel, yanked):
             _source.forget()
     finally:
         archive.close()
+    if archive.failures:
+        raise NetworkError("cannot read the wheel %s: %s" % (wheel["url"], "; ".join(archive.failures)))
     row.update({
         "wheel": wheel["filename"],
         "url": wheel["url"],
@@ -284,6 +292,7 @@ def plan(only=None, since=None, index=INDEX, dists=None):
 
 
 def sweep(todo, jobs=6, progress=None):
+    _registry.load_all()  # declare every patch once, before the threads ask for them
     rows = [None] * len(todo)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, MAX_JOBS))) as pool:
         futures = {pool.submit(sweep_one, *item): i for i, item in enumerate(todo)}
