@@ -47,20 +47,23 @@ TIMEOUT = (15, 120)  # connect, read (seconds) per HTTP request
 RETRIES = 4  # per HTTP request, on connection errors and 429/5xx answers (backoff 0, 2, 4, 8 s)
 
 
-def _own_flashfix():
-    """This checkout's flashfix, not one an environment's start-up hook imported from elsewhere."""
+def _own_flashfix(as_script):
+    """This checkout's flashfix, not one that an environment's start-up hook (``flashfix.pth``)
+    imported from another checkout: run as a script, start again with this checkout first on
+    PYTHONPATH; imported, refuse."""
     module = sys.modules.get("flashfix")
     if module is not None and Path(module.__file__).resolve().parents[1] != REPO:
-        if os.environ.get("FLASHFIX_SWEEP_REEXEC"):
-            sys.exit("sweep_releases: flashfix is imported from %s, not %s" % (module.__file__, REPO))
-        env = dict(os.environ, FLASHFIX_SWEEP_REEXEC="1",
+        problem = "flashfix is imported from %s, not from %s" % (module.__file__, REPO)
+        if not as_script or os.environ.get("SWEEP_RELEASES_REEXEC"):
+            raise ImportError("sweep_releases: %s (put %s first on PYTHONPATH)" % (problem, REPO))
+        env = dict(os.environ, SWEEP_RELEASES_REEXEC="1",
                    PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve())] + sys.argv[1:], env)
     if str(REPO) not in sys.path[:1]:
         sys.path.insert(0, str(REPO))
 
 
-_own_flashfix()
+_own_flashfix(__name__ == "__main__")
 
 import requests  # noqa: E402
 import urllib3  # noqa: E402
