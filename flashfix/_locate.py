@@ -198,8 +198,8 @@ class ZipReader:
         wanted = _normal(dist)
         for member in sorted(self.names):
             if member.endswith(".dist-info/METADATA") and member.count("/") == 1:
-                if _normal(member.split("/")[0].rsplit("-", 1)[0]) != wanted.replace("-", "_") and \
-                        _normal(member.split("/")[0].rsplit("-", 1)[0]) != wanted:
+                # "<name>-<version>.dist-info": the name is what precedes the last "-" before ".dist-info"
+                if _normal(member.split("/")[0][:-len(".dist-info")].rsplit("-", 1)[0]) != wanted:
                     continue
                 name, version = _metadata_version(self.archive.read(member).decode("utf-8", "replace"))
                 if name and _normal(name) == wanted:

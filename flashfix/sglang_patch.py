@@ -6,11 +6,13 @@ module only declares the patches: no SGLang, torch or FlashInfer module is impor
 ``flashfix doctor`` can load it. Every probe decides from the source text (``ast``) alone.
 
 Per patch, the comment block above it says why, how, which releases are affected and when
-it can be deleted. Measured against the PyPI wheels 0.5.11, 0.5.13, 0.5.14, 0.5.17, 0.5.18
-and 0.5.23 (tests/test_sglang_real.py).
+it can be deleted. Measured with the engine imported on the PyPI releases 0.5.11, 0.5.13,
+0.5.14, 0.5.17, 0.5.18 and 0.5.23 (tests/test_sglang_real.py); every final release from 0.5.1
+on is judged from its wheel's source by scripts/sweep_releases.py (tests/test_sweep.py).
 """
 
 import ast
+import copy
 import importlib
 import sys
 
@@ -75,17 +77,20 @@ def _loaded(modname):
 #
 # Why: ``FlashInferAttnBackend.forward_extend`` reads the paged KV cache through three
 #   FlashInfer calls. The paged ``forward`` (no ragged split) and ``forward_decode`` pass
-#   ``k_scale=layer.k_scale_float, v_scale=layer.v_scale_float``; the paged
-#   ``forward_return_lse`` of the ragged+paged split (an extend over a cached prefix:
-#   chunked prefill, prefix-cache hits, the sliding-window path) passes neither. With an FP8
+#   ``k_scale=layer.k_scale_float, v_scale=layer.v_scale_float`` (0.5.1 to 0.5.1.post3:
+#   ``layer.k_scale``, ``layer.v_scale``); the paged ``forward_return_lse`` of the
+#   ragged+paged split (an extend over a cached prefix: chunked prefill, prefix-cache hits,
+#   the sliding-window path) passes neither. With an FP8
 #   KV cache that carries scales, the cached prefix is then read unscaled: measured on an
 #   H200, relative error 187 without the scales, 0.0033 with them. The ragged calls read the
 #   batch's own bf16 k/v and take no scale. Without FP8 scales both values are None and the
 #   call is unchanged.
 # How: ``forward_extend`` is recompiled from its own source with the two keywords added to
-#   that one call, and the new code is swapped into the existing function object (subclasses
-#   and wrappers keep running it).
-# Affected: every release read up to 0.5.17 (0.5.11, 0.5.13, 0.5.14, 0.5.17); fixed in 0.5.18.
+#   that one call, their values copied from the release's own paged ``forward`` call, and
+#   the new code is swapped into the existing function object (subclasses and wrappers keep
+#   running it).
+# Affected: every final release from 0.5.1 to 0.5.17 (scripts/sweep_releases.py reads them
+#   all); fixed in 0.5.18.
 # Delete when: flashfix no longer supports SGLang older than 0.5.18.
 
 FP8_ID = "sglang-fp8-kv-scales"
@@ -100,8 +105,12 @@ def _paged_calls(func_def, method):
     ]
 
 
+FP8_SCALE_SPELLINGS = (("k_scale_float", "v_scale_float"), ("k_scale", "v_scale"))  # layer.<k>, layer.<v>
+
+
 def _fp8_site(func_def):
-    """(the paged ``forward_return_lse`` call or None, Shape) for ``forward_extend``."""
+    """((the paged ``forward_return_lse`` call, the paged ``forward`` call's (k_scale, v_scale)
+    expressions) or None, Shape) for ``forward_extend``."""
     if func_def is None:
         return None, Shape(UNKNOWN, "FlashInferAttnBackend.forward_extend not found")
     lse = _paged_calls(func_def, "forward_return_lse")
@@ -123,31 +132,35 @@ def _fp8_site(func_def):
         return None, Shape(UNKNOWN, "forward_extend has no 'layer' argument")
     forward = _paged_calls(func_def, "forward")
     model = _source.keywords(forward[0]) if len(forward) == 1 else {}
-    if not (_is_attr_of(model.get("k_scale"), "layer", "k_scale_float")
-            and _is_attr_of(model.get("v_scale"), "layer", "v_scale_float")):
-        return None, Shape(UNKNOWN, "the paged prefill forward call does not pass "
-                                    "layer.k_scale_float/layer.v_scale_float as expected")
-    return call, Shape(BUGGY, "the paged forward_return_lse in forward_extend (line %d) omits k_scale/v_scale "
-                              "that the paged forward call passes" % call.lineno)
+    scales = (model.get("k_scale"), model.get("v_scale"))
+    if not any(_is_attr_of(scales[0], "layer", k) and _is_attr_of(scales[1], "layer", v)
+               for k, v in FP8_SCALE_SPELLINGS):
+        return None, Shape(UNKNOWN, "the paged prefill forward call does not pass k_scale/v_scale as %s"
+                           % " or ".join("layer.%s/layer.%s" % pair for pair in FP8_SCALE_SPELLINGS))
+    return (call, scales), Shape(BUGGY, "the paged forward_return_lse in forward_extend (line %d) omits "
+                                        "k_scale/v_scale that the paged forward call passes (%s, %s)" % (
+                                            call.lineno, _source.source_of(scales[0]), _source.source_of(scales[1])))
 
 
 def _fp8_probe(trees):
     return _fp8_site(_source.find_def(trees[FLASHINFER_BACKEND], "FlashInferAttnBackend.forward_extend"))[1]
 
 
+def _fp8_edit(func_def, mark):
+    """Give the paged ``forward_return_lse`` of ``forward_extend`` the scale arguments of the
+    paged ``forward`` call (copies of that call's own expressions), ``mark`` before it."""
+    found, shape = _fp8_site(func_def)
+    if shape.kind != BUGGY:
+        raise ShapeError(shape.reason)
+    call, scales = found
+    for name, value in zip(("k_scale", "v_scale"), scales):
+        call.keywords.append(ast.keyword(arg=name, value=copy.deepcopy(value)))
+    _source.insert_before(func_def, call, mark)
+
+
 def _fp8_prepare(modules):
     func = _function_at(modules[FLASHINFER_BACKEND], "FlashInferAttnBackend.forward_extend")
-
-    def edit(func_def, mark):
-        call, shape = _fp8_site(func_def)
-        if shape.kind != BUGGY:
-            raise ShapeError(shape.reason)
-        for name in ("k_scale", "v_scale"):
-            value = ast.parse("layer.%s_float" % name, mode="eval").body
-            call.keywords.append(ast.keyword(arg=name, value=value))
-        _source.insert_before(func_def, call, mark)
-
-    return [_registry.rewrite(func, edit, FP8_ID)]
+    return [_registry.rewrite(func, _fp8_edit, FP8_ID)]
 
 
 FP8_KV_SCALES = Patch(
@@ -182,7 +195,10 @@ FP8_KV_SCALES = Patch(
 # Where the decision lives (the patch waits for the module that defines it in this release,
 #   found from the source text when ``sglang`` is imported, so a process that imports only
 #   that module, as SGLang's own autotune tests do, is patched too):
-#   - up to 0.5.13: ``ModelRunner._should_run_flashinfer_autotune`` in model_runner.py, MoE
+#   - 0.5.1 to 0.5.5.post3: no FlashInfer autotune at all (no decision function anywhere in
+#     those modules, no import of FlashInfer's autotuner, no mention of autotuning): not
+#     affected. Anything about autotuning there without a known decision is unknown-shape;
+#   - 0.5.6 to 0.5.13: ``ModelRunner._should_run_flashinfer_autotune`` in model_runner.py, MoE
 #     and FP4 GEMM only, no FP8 condition: not affected;
 #   - 0.5.14: method ``BaseRunner._should_run_flashinfer_autotune`` (runner/base_runner.py);
 #   - 0.5.15 to 0.5.17: function ``should_run_flashinfer_autotune`` in
@@ -199,6 +215,29 @@ AUTOTUNE_SITES = (  # (module, qualified name), oldest layout first
     ("sglang.srt.model_executor.runner.flashinfer_autotune", "should_run_flashinfer_autotune"),
 )
 FP8_AUTOTUNE_FIXED_MARKS = ("is_sm120_supported", "flashinfer_per_tensor_fp8_supported")
+
+
+def _words(node):
+    """The identifiers and strings that ``node`` itself spells (not its children's): a def or
+    class name, an imported module or name, a name, an attribute, a keyword or argument name,
+    a string constant."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        words = [node.name]
+    elif isinstance(node, ast.ImportFrom):
+        words = [node.module]
+    elif isinstance(node, ast.alias):
+        words = [node.name, node.asname]
+    elif isinstance(node, ast.Name):
+        words = [node.id]
+    elif isinstance(node, ast.Attribute):
+        words = [node.attr]
+    elif isinstance(node, (ast.keyword, ast.arg)):
+        words = [node.arg]
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        words = [node.value]
+    else:
+        words = []
+    return [w for w in words if w]
 
 
 def _mentions(node, text):
@@ -226,15 +265,55 @@ def _autotune_site(func_def):
                                            % (func_def.name, call.lineno))
 
 
+def _autotune_traces(tree):
+    """Whatever in ``tree`` is about autotuning: a def, class, import, name, attribute, keyword,
+    argument or string that says "autotun" (any case), as short descriptions."""
+    traces = []
+    for node in ast.walk(tree):
+        hits = [w for w in _words(node) if "autotun" in w.lower()]
+        if hits:
+            traces.append("%s %r (line %s)" % (_WORD_KINDS.get(type(node), type(node).__name__),
+                                               " ".join(hits[0].split())[:50], getattr(node, "lineno", "?")))
+    return traces
+
+
+_WORD_KINDS = {ast.FunctionDef: "def", ast.AsyncFunctionDef: "def", ast.ClassDef: "class",
+               ast.ImportFrom: "import from", ast.alias: "import", ast.Name: "name", ast.Attribute: "attribute",
+               ast.keyword: "keyword", ast.arg: "argument", ast.Constant: "string"}
+
+
+def _autotune_absence(trees):
+    """Shape when no autotune decision was found in ``trees`` ({module: AST, None, SOURCELESS}):
+    not affected only if nothing there is about autotuning at all."""
+    sourceless = [m for m, t in trees.items() if t is _source.SOURCELESS]
+    if sourceless:
+        return Shape(UNKNOWN, "expected one flashinfer autotune decision, found nowhere; the source of %s is "
+                              "not available" % ", ".join(sourceless))
+    traces = {m: _autotune_traces(t) for m, t in trees.items() if t is not None}
+    if any(traces.values()):
+        return Shape(UNKNOWN, "expected one flashinfer autotune decision, found nowhere, but %s" % "; ".join(
+            "%s has %s%s" % (m, ", ".join(found[:3]), " and %d more" % (len(found) - 3) if len(found) > 3 else "")
+            for m, found in traces.items() if found))
+    read = [m for m, t in trees.items() if t is not None]
+    missing = [m for m, t in trees.items() if t is None]
+    return Shape(ABSENT, "no FlashInfer autotune in this release: nothing in %s defines an autotune decision, "
+                         "imports an autotuner or mentions autotuning%s"
+                 % (", ".join(read), "; no module %s" % ", ".join(missing) if missing else ""))
+
+
 def _autotune_locate(tree_of):
     """(module name, qualified name, def node, Shape) of the one autotune decision;
-    ``tree_of(module name)`` gives a module's AST or None."""
+    ``tree_of(module name)`` gives a module's AST, None or ``SOURCELESS``. Where there is no
+    decision and nothing else about autotuning either: (None, None, None, ABSENT)."""
     found = []
+    trees = {}
     for modname, qualname in AUTOTUNE_SITES:
-        tree = tree_of(modname)
-        node = _source.find_def(tree, qualname) if tree is not None else None
+        tree = trees[modname] = tree_of(modname)
+        node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found.append((modname, qualname, node))
+    if not found:
+        return None, None, None, _autotune_absence(trees)
     if len(found) != 1:
         where = ", ".join("%s:%s" % (m, q) for m, q, _ in found) or "nowhere"
         return None, None, None, Shape(UNKNOWN, "expected one flashinfer autotune decision, found %s" % where)
@@ -332,7 +411,9 @@ SM120_FP8_AUTOTUNE = Patch(
 # How: that one ``hasattr(X, "vision_config")`` becomes
 #   ``getattr(X, "vision_config", None) is not None``, by recompiling ``__init__`` from its
 #   source and swapping the code into the existing function.
-# Affected: every release read up to 0.5.17 (0.5.11 to 0.5.17); fixed in 0.5.18.
+# Affected: 0.5.5.post1 (where the attribute first appears) to 0.5.17; fixed in 0.5.18.
+#   0.5.1 to 0.5.5 have no is_image_understandable_model: not affected. A module that mentions
+#   it anywhere without the known computation in ``__init__`` is unknown-shape.
 # Delete when: flashfix no longer supports SGLang older than 0.5.18.
 
 VISION_ID = "sglang-vision-config"
@@ -382,8 +463,25 @@ def _vision_site(func_def):
                                    % checks[0].lineno)
 
 
+VISION_ATTR = "is_image_understandable_model"
+
+
+def _mentions_word(tree, word):
+    """``word`` appears in ``tree`` as (part of) a name, attribute, def, keyword, argument,
+    imported name or string."""
+    return any(word in w for node in ast.walk(tree) for w in _words(node))
+
+
 def _vision_probe(trees):
-    return _vision_site(_source.find_def(trees[MODEL_CONFIG], "ModelConfig.__init__"))[1]
+    tree = trees[MODEL_CONFIG]
+    cls = _source.find_def(tree, "ModelConfig")
+    if not _mentions_word(tree, VISION_ATTR) and isinstance(cls, ast.ClassDef):
+        if any(not (isinstance(b, ast.Name) and b.id == "object") for b in cls.bases) or cls.keywords:
+            return Shape(UNKNOWN, "%s never mentions %s, but ModelConfig has a base class that might set it"
+                         % (MODEL_CONFIG, VISION_ATTR))
+        return Shape(ABSENT, "ModelConfig has no %s in this release (%s never assigns or mentions it)"
+                     % (VISION_ATTR, MODEL_CONFIG))
+    return _vision_site(_source.find_def(tree, "ModelConfig.__init__"))[1]
 
 
 def _vision_prepare(modules):

@@ -1,0 +1,490 @@
+#!/usr/bin/env python3
+"""The doctor's verdict for every final release of vLLM, SGLang and FlashInfer on the package index.
+
+    python scripts/sweep_releases.py                   # every final release since the floors below
+    python scripts/sweep_releases.py --only sglang==0.5.1,vllm==0.28.0
+    python scripts/sweep_releases.py --write-readme    # also the README table + benchmarks/results/sweep.json
+
+Nothing is installed or unpacked. A wheel is a zip: its central directory and the few members
+the probes read (each patch's target modules, the modules a probe looks into, and the
+``.dist-info/METADATA``) are fetched with HTTP range requests (``remotezip``), so a 400 MB
+vLLM wheel costs a few hundred KB. Each wheel is read by ``flashfix._locate.ZipReader``
+and judged exactly as ``flashfix doctor`` judges an installed engine: under
+``_locate.reading(reader)``, through ``_registry.targets_of``, ``read_trees`` and ``judge``,
+with the version from the wheel's own METADATA.
+
+Final release: no pre-release or dev segment (post releases are final), per ``packaging``.
+One wheel per release: a pure ``py3-none-any`` one if there is one, else the best
+CPython 3.11 / manylinux x86_64 one (``abi3`` included); a release without such a wheel is
+listed with a note. Exit status: 0 done, 2 bad arguments, 3 the index or a wheel could not
+be read (the message says which URL and why).
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urljoin
+
+REPO = Path(__file__).resolve().parents[1]
+INDEX = "https://pypi.org/pypi/{name}/json"
+# Releases older than these are not swept unless --since says so (the range the project supports).
+FLOORS = {"sglang": "0.5.0", "vllm": "0.20.0", "flashinfer-python": "0.5.0"}
+TITLES = {"vllm": "vLLM", "sglang": "SGLang", "flashinfer-python": "FlashInfer (`flashinfer-python`)"}
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "sweep.json"
+README = REPO / "README.md"
+BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+MAX_JOBS = 8
+TIMEOUT = (15, 120)  # connect, read (seconds) per HTTP request
+RETRIES = 4  # per HTTP request, on connection errors and 429/5xx answers (backoff 0, 2, 4, 8 s)
+
+
+def _own_flashfix(as_script):
+    """This checkout's flashfix, not one that an environment's start-up hook (``flashfix.pth``)
+    imported from another checkout: run as a script, start again with this checkout first on
+    PYTHONPATH; imported, refuse."""
+    module = sys.modules.get("flashfix")
+    if module is not None and Path(module.__file__).resolve().parents[1] != REPO:
+        problem = "flashfix is imported from %s, not from %s" % (module.__file__, REPO)
+        if not as_script or os.environ.get("SWEEP_RELEASES_REEXEC"):
+            raise ImportError("sweep_releases: %s (put %s first on PYTHONPATH)" % (problem, REPO))
+        env = dict(os.environ, SWEEP_RELEASES_REEXEC="1",
+                   PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve())] + sys.argv[1:], env)
+    if str(REPO) not in sys.path[:1]:
+        sys.path.insert(0, str(REPO))
+
+
+_own_flashfix(__name__ == "__main__")
+
+import requests  # noqa: E402
+import urllib3  # noqa: E402
+from packaging.tags import compatible_tags, cpython_tags  # noqa: E402
+from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
+from packaging.version import InvalidVersion, Version  # noqa: E402
+from remotezip import RemoteZip, RemoteZipError  # noqa: E402
+
+from flashfix import _locate, _registry, _source  # noqa: E402
+
+
+class NetworkError(Exception):
+    """The index or a wheel could not be read."""
+
+
+# --- the index -----------------------------------------------------------------------------
+
+_PLATFORMS = (["manylinux_2_%d_x86_64" % minor for minor in range(50, 4, -1)]
+              + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"])
+_RANK = {tag: i for i, tag in enumerate(list(cpython_tags((3, 11), abis=["cp311"], platforms=_PLATFORMS))
+                                        + list(compatible_tags((3, 11), "cp311", _PLATFORMS)))}
+
+
+def session():
+    """An HTTP session that retries connection errors and 429/5xx answers ``RETRIES`` times."""
+    s = requests.Session()
+    retry = urllib3.util.Retry(total=RETRIES, backoff_factor=1.0, status_forcelist=(429, 500, 502, 503, 504),
+                               allowed_methods=frozenset({"GET", "HEAD"}))
+    adapter = requests.adapters.HTTPAdapter(max_retries=retry)
+    s.mount("https://", adapter)
+    s.mount("http://", adapter)
+    s.headers["User-Agent"] = "flashfix-sweep (+scripts/sweep_releases.py)"
+    return s
+
+
+def index_json(name, index=INDEX, http=None):
+    url = index.format(name=name)
+    try:
+        answer = (http or session()).get(url, timeout=TIMEOUT)
+        answer.raise_for_status()
+        return url, answer.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise NetworkError("cannot read the index page %s: %s" % (url, exc)) from None
+
+
+def pick_wheel(files):
+    """The file dict of the wheel to read: ``py3-none-any`` first, else the best cp311 /
+    manylinux x86_64 one; None if the release has no such wheel."""
+    best = None
+    for entry in files:
+        if not entry["filename"].endswith(".whl"):
+            continue
+        try:
+            _, _, _, tags = parse_wheel_filename(entry["filename"])
+        except Exception:
+            continue
+        pure = any(t.abi == "none" and t.platform == "any" for t in tags)
+        ranks = [_RANK[t] for t in tags if t in _RANK]
+        if not ranks:
+            continue
+        key = (not pure, min(ranks))
+        if best is None or key < best[0]:
+            best = (key, entry)
+    return best[1] if best else None
+
+
+def releases(dist, data, page_url, since=None):
+    """[(version string, wheel file dict or None, yanked)] of the final releases, oldest first."""
+    floor = Version(since) if since else None
+    found = []
+    for text, files in data["releases"].items():
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if version.is_prerelease or version.is_devrelease or (floor is not None and version < floor):
+            continue
+        wheel = pick_wheel(files)
+        if wheel is not None:
+            wheel = dict(wheel, url=urljoin(page_url, wheel["url"]))  # the index may give relative URLs
+        found.append((version, text, wheel, bool(files) and all(f.get("yanked") for f in files)))
+    return [(text, wheel, yanked) for _, text, wheel, yanked in sorted(found, key=lambda r: r[0])]
+
+
+# --- one wheel -------------------------------------------------------------------------------
+
+
+class RecordingZip(RemoteZip):
+    """A remote wheel that records the sha256 and size of every member read from it, and every
+    read that failed (a probe that reads a module itself would turn such a failure into an
+    ``unknown-shape`` verdict; the sweep reports it as the network failure it is)."""
+
+    def __init__(self, url, http, **kwargs):
+        self.members_read, self.failures = {}, []
+        self._record_lock = threading.Lock()
+        super().__init__(url, session=http, **kwargs)
+
+    def read(self, name, pwd=None):
+        try:
+            data = super().read(name, pwd)
+        except (requests.RequestException, RemoteZipError, OSError) as exc:
+            self.failures.append("%s: %s" % (name, exc))
+            raise
+        with self._record_lock:
+            self.members_read[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        return data
+
+
+def open_wheel(url, http=None):
+    """``(archive, counter)``: the remote wheel as a ``zipfile.ZipFile`` and a dict counting the
+    HTTP requests made for it and the bytes they asked for."""
+    http = http or session()
+    counter = {"requests": 0, "bytes": 0}
+
+    def count(response, *args, **kwargs):
+        counter["requests"] += 1
+        counter["bytes"] += int(response.headers.get("Content-Length") or 0)
+
+    http.hooks["response"].append(count)
+    try:
+        return RecordingZip(url, http, timeout=TIMEOUT), counter
+    except (requests.RequestException, RemoteZipError, OSError) as exc:
+        raise NetworkError("cannot read the wheel %s: %s" % (url, exc)) from None
+
+
+def wheel_reader(dist, version, index=INDEX):
+    """A ``ZipReader`` over the remote wheel of ``dist==version`` (for tests and by-hand probing)."""
+    (_, _, wheel, _), = plan([(canonicalize_name(dist), version)], index=index)
+    if wheel is None:
+        raise LookupError("%s==%s has no wheel to read" % (dist, version))
+    archive, _ = open_wheel(wheel["url"])
+    return _locate.ZipReader(archive, wheel["filename"])
+
+
+def patches_of(dist):
+    return [p for p in _registry.load_all() if canonicalize_name(p.engine) == canonicalize_name(dist)]
+
+
+def judge_archive(archive, label, dist):
+    """``(version from METADATA, {patch id: (verdict, reason)})`` for the engine ``dist`` in
+    ``archive``, as ``flashfix doctor`` would judge it installed."""
+    reader = _locate.ZipReader(archive, label)
+    verdicts = {}
+    with _locate.reading(reader):
+        version = reader.version(dist)
+        for patch in patches_of(dist):
+            try:
+                targets = _registry.targets_of(patch)
+            except Exception as exc:
+                verdicts[patch.id] = ("unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
+                continue
+            verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version)
+    return version, verdicts
+
+
+def sweep_one(dist, version, wheel, yanked):
+    row = {"dist": dist, "version": version, "yanked": yanked}
+    if wheel is None:
+        row["note"] = "no py3-none-any or cp311 manylinux x86_64 wheel on the index"
+        return row
+    started = time.monotonic()
+    archive, counter = open_wheel(wheel["url"])
+    try:
+        try:
+            wheel_version, verdicts = judge_archive(archive, wheel["filename"], dist)
+        except (requests.RequestException, RemoteZipError) as exc:
+            raise NetworkError("cannot read the wheel %s: %s" % (wheel["url"], exc)) from None
+        finally:
+            _source.forget()
+    finally:
+        archive.close()
+    if archive.failures:
+        raise NetworkError("cannot read the wheel %s: %s" % (wheel["url"], "; ".join(archive.failures)))
+    row.update({
+        "wheel": wheel["filename"],
+        "url": wheel["url"],
+        "wheel_sha256": wheel.get("digests", {}).get("sha256"),
+        "wheel_size": wheel.get("size"),
+        "metadata_version": wheel_version,
+        "files_read": dict(sorted(archive.members_read.items())),
+        "http_requests": counter["requests"],
+        "bytes_fetched": counter["bytes"],
+        "seconds": round(time.monotonic() - started, 2),
+        "verdicts": {pid: {"verdict": v, "reason": r} for pid, (v, r) in verdicts.items()},
+    })
+    if wheel_version is None or Version(wheel_version) != Version(version):
+        row["note"] = "the wheel's METADATA says version %s" % wheel_version
+    return row
+
+
+# --- the whole sweep ---------------------------------------------------------------------------
+
+
+def parse_only(text):
+    """``"sglang==0.5.1,vllm==0.28.0"`` -> [(dist, version)]."""
+    pins = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, version = item.partition("==")
+        dist = canonicalize_name(name)
+        if not sep or dist not in FLOORS or not version:
+            raise ValueError("%r: expected DIST==VERSION with DIST one of %s" % (item, ", ".join(FLOORS)))
+        pins.append((dist, version.strip()))
+    return pins
+
+
+def plan(only=None, since=None, index=INDEX, dists=None):
+    """[(dist, version, wheel, yanked)] to read, from the index."""
+    http = session()
+    wanted = {}
+    for dist, version in only or ():
+        wanted.setdefault(dist, []).append(version)
+    todo = []
+    for dist in dists or FLOORS:
+        if only is not None and dist not in wanted:
+            continue
+        page_url, data = index_json(dist, index, http)
+        floor = None if only is not None else (since or {}).get(dist, FLOORS[dist])
+        listed = releases(dist, data, page_url, since=floor)
+        if only is None:
+            todo.extend((dist, v, w, y) for v, w, y in listed)
+            continue
+        by_version = {Version(v): (v, w, y) for v, w, y in listed}
+        for version in wanted[dist]:
+            hit = by_version.get(Version(version))
+            if hit is None:
+                raise LookupError("%s==%s is not a final release on %s" % (dist, version, page_url))
+            todo.append((dist,) + hit)
+    return todo
+
+
+def sweep(todo, jobs=6, progress=None):
+    _registry.load_all()  # declare every patch once, before the threads ask for them
+    rows = [None] * len(todo)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, MAX_JOBS))) as pool:
+        futures = {pool.submit(sweep_one, *item): i for i, item in enumerate(todo)}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                rows[futures[future]] = row = future.result()
+                if progress:
+                    progress(row)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return rows
+
+
+def git_commit():
+    """This checkout's commit, "+dirty" when flashfix/ has uncommitted changes; None outside git."""
+
+    def git(*args):
+        return subprocess.run(("git",) + args, cwd=REPO, capture_output=True, text=True, timeout=10)
+
+    try:
+        head, dirty = git("rev-parse", "--short=12", "HEAD"), git("status", "--porcelain", "--", "flashfix")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
+# --- the README table --------------------------------------------------------------------------
+
+VERDICT_ORDER = ("patch", "fixed-upstream", "not-affected", "unknown-shape")
+
+
+def _note_text(row, reason):
+    """A reason with the release named generically, so that one note serves every release."""
+    return reason.replace("%s %s" % (row["dist"], row["metadata_version"] or row["version"]), "this release")
+
+
+def _summary(rows, patch_ids):
+    lines = ["| patch | " + " | ".join("`%s`" % v for v in VERDICT_ORDER) + " | releases |",
+             "| --- |" + " ---: |" * (len(VERDICT_ORDER) + 1)]
+    for pid in patch_ids:
+        cells = [r["verdicts"][pid]["verdict"] for r in rows if pid in r.get("verdicts", {})]
+        lines.append("| `%s` | %s | %d |" % (pid, " | ".join(str(cells.count(v)) for v in VERDICT_ORDER), len(cells)))
+    return lines
+
+
+def readme_block(rows, meta):
+    """The markdown between the README's sweep markers."""
+    dists = [d for d in FLOORS if any(r["dist"] == d for r in rows)]
+    ids = {d: [p.id for p in patches_of(d)] for d in dists}
+    read = [r for r in rows if "verdicts" in r]
+    short = {d: TITLES[d].split(" (")[0] for d in dists}
+    intro = (
+        "Every final release on PyPI from %s on, each wheel's own source judged by the doctor's probes without "
+        "installing it (`scripts/sweep_releases.py`; provenance, with each wheel's URL and the sha256 of every file "
+        "read, in `%s`). Swept %s with flashfix `%s`: %d releases, %d HTTP requests, %.1f MB read out of %.1f GB "
+        "of wheels; wall time **%.0f s** with %d threads on this project's CPU machine (2 cores, shared)." % (
+            ", ".join("%s %s" % (short[d], meta["floors"][d]) for d in dists), meta["json_path"], meta["date"],
+            meta["flashfix_commit"] or "?", len(rows), sum(r.get("http_requests", 0) for r in rows),
+            sum(r.get("bytes_fetched", 0) for r in rows) / 1e6, sum(r.get("wheel_size") or 0 for r in rows) / 1e9,
+            meta["wall_s"], meta["jobs"]))
+    out = [BEGIN,
+           "<!-- generated by `python scripts/sweep_releases.py --write-readme`; edit the script, not this block -->",
+           ""] + textwrap.wrap(intro, 100, break_on_hyphens=False, break_long_words=False) + [""]
+    out += _summary(read, [pid for d in dists for pid in ids[d]])
+    for dist in dists:
+        mine = [r for r in rows if r["dist"] == dist]
+        notes = {}
+        lines = ["| %s | %s |" % (short[dist], " | ".join("`%s`" % pid for pid in ids[dist])),
+                 "| --- |" + " --- |" * len(ids[dist])]
+        for r in mine:
+            label = r["version"] + (" (yanked)" if r.get("yanked") else "")
+            if "verdicts" not in r:
+                lines.append("| %s | %s |" % (label, " | ".join([r["note"]] + [""] * (len(ids[dist]) - 1))))
+                continue
+            cells = []
+            for pid in ids[dist]:
+                verdict, reason = r["verdicts"][pid]["verdict"], r["verdicts"][pid]["reason"]
+                if verdict in ("patch", "fixed-upstream"):
+                    cells.append(verdict)
+                else:
+                    key = (pid, _note_text(r, reason))
+                    notes.setdefault(key, len(notes) + 1)
+                    cells.append("%s [%s%d]" % (verdict, dist[0], notes[key]))
+            if r.get("note"):
+                label += " (%s)" % r["note"]
+            lines.append("| %s | %s |" % (label, " | ".join(cells)))
+        out += ["", "<details><summary>%s: %d releases, %s to %s</summary>" % (
+            TITLES[dist], len(mine), mine[0]["version"], mine[-1]["version"]), ""] + lines + [""]
+        if notes:
+            out += ["- [%s%d] `%s`: %s" % (dist[0], n, pid, text) for (pid, text), n in notes.items()] + [""]
+        out += ["</details>"]
+    out.append(END)
+    return "\n".join(out)
+
+
+def write_readme(block, path=README):
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise SystemExit("sweep_releases: %s needs one %s ... %s pair" % (path, BEGIN, END))
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(head + block + tail)
+
+
+def print_table(rows, out=sys.stdout):
+    for r in rows:
+        if "verdicts" not in r:
+            out.write("%-18s %-14s %s\n" % (r["dist"], r["version"], r["note"]))
+            continue
+        for pid, v in r["verdicts"].items():
+            out.write("%-18s %-14s %-28s %-15s %s\n" % (r["dist"], r["version"], pid, v["verdict"], v["reason"]))
+
+
+def main(argv=None):
+    global RETRIES
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="a comma list of DIST==VERSION to read instead of every release")
+    parser.add_argument("--since", default="", help="DIST=VERSION[,...]: oldest release to sweep per distribution "
+                                                    "(defaults: %s)" % ", ".join("%s=%s" % kv for kv in FLOORS.items()))
+    parser.add_argument("--jobs", type=int, default=6, help="wheels read at once (threads; at most %d)" % MAX_JOBS)
+    parser.add_argument("--json", metavar="PATH", help="write the results (with provenance) here")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="rewrite README.md's table between %s and %s (full sweep only); also writes the "
+                             "results to %s unless --json says where" % (BEGIN, END, DEFAULT_JSON.relative_to(REPO)))
+    parser.add_argument("--index", default=INDEX, help="the JSON API URL pattern, {name} for the distribution")
+    parser.add_argument("--retries", type=int, default=RETRIES, help="retries per HTTP request (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no per-release progress on stderr")
+    args = parser.parse_args(argv)
+    RETRIES = max(0, args.retries)
+    try:
+        only = parse_only(args.only) if args.only is not None else None
+        since = {}
+        for item in filter(None, (p.strip() for p in args.since.split(","))):
+            dist, _, version = item.partition("=")
+            if canonicalize_name(dist) not in FLOORS or not version:
+                raise ValueError("--since %r: expected DIST=VERSION" % item)
+            since[canonicalize_name(dist)] = Version(version.strip()).public
+    except (ValueError, InvalidVersion) as exc:
+        parser.error(str(exc))
+    if args.write_readme and (only is not None or since):
+        parser.error("--write-readme needs the full sweep (no --only, no --since)")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        parser.error("--jobs must be 1 to %d" % MAX_JOBS)
+    json_path = Path(args.json) if args.json else (DEFAULT_JSON if args.write_readme else None)
+
+    started = time.monotonic()
+    done = []
+
+    def progress(row):
+        done.append(row)
+        if not args.quiet:
+            cells = ", ".join("%s=%s" % (pid, v["verdict"]) for pid, v in row.get("verdicts", {}).items())
+            sys.stderr.write("[%d] %s %s: %s\n" % (len(done), row["dist"], row["version"], cells or row.get("note")))
+
+    try:
+        todo = plan(only, since, args.index)
+        if not args.quiet:
+            sys.stderr.write("sweep_releases: %d releases to read with %d threads\n" % (len(todo), args.jobs))
+        rows = sweep(todo, args.jobs, progress)
+    except NetworkError as exc:
+        sys.stderr.write("sweep_releases: network failure, nothing written: %s\n" % exc)
+        return 3
+    except LookupError as exc:
+        sys.stderr.write("sweep_releases: %s\n" % exc)
+        return 2
+    wall = time.monotonic() - started
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "flashfix_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "index": args.index,
+        "jobs": args.jobs,
+        "wall_s": round(wall, 1),
+        "json_path": str(json_path.resolve().relative_to(REPO)) if json_path and json_path.resolve().is_relative_to(
+            REPO) else str(json_path),
+        "floors": None if only is not None else dict(FLOORS, **since),
+        "only": args.only,
+    }
+    print_table(rows)
+    sys.stderr.write("sweep_releases: %d releases in %.1f s\n" % (len(rows), wall))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({"meta": meta, "releases": rows}, indent=1) + "\n")
+    if args.write_readme:
+        write_readme(readme_block(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
