@@ -483,3 +483,22 @@ def test_logs_reach_the_application_once_it_configures_logging(fake_site):
     assert "applied fake-compute" not in proc.stderr
     _, proc = run_py('use_fake(); import fakeeng.core', site)  # no logging configured: stderr
     assert "flashfix INFO [pid" in proc.stderr and "applied fake-compute" in proc.stderr
+
+
+def test_zipped_install_doctor_equals_runtime(fake_site, tmp_path):
+    """The engine imported from a zip on sys.path (zipimport): read through the loader."""
+    import zipfile
+
+    site = fake_site()
+    archive = tmp_path / "engine.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(site.rglob("*")):
+            if path.is_file() and path.name != "fake_patches.py":
+                zf.write(path, path.relative_to(site).as_posix())
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "fake_patches.py").write_text(FAKE_PATCHES)
+    code = "sys.path.insert(0, %r)\n" % str(archive) + textwrap.dedent(DOCTOR_AND_RUNTIME)
+    (r,), _ = run_py(code, patches)
+    assert r["doctor"][0] == "patch", r
+    assert r["state"] == "applied" and r["value"] == 3, r
