@@ -104,6 +104,8 @@ def flush():
         return
     with _lock:
         ready = [(name, _deferred.pop(name)) for name in list(_deferred) if _complete(name)]
+        for name in [n for n, c in _deferred.items() if c is not _ALL and n not in sys.modules]:
+            del _deferred[name]  # its import failed; its callbacks stay registered for the next one
     for name, callbacks in ready:
         module = sys.modules.get(name)
         if callbacks is _ALL:
