@@ -72,10 +72,13 @@ class ImportSystem:
             prefix = ".".join(parts[:depth])
             module = sys.modules.get(prefix)
             if module is not None and depth < len(parts):
-                path = getattr(module, "__path__", None)
-                if path is None:
+                try:  # a namespace package's path is recomputed from its parent, which a failed
+                    path = list(module.__path__)  # import may have left out of sys.modules
+                    continue
+                except AttributeError:
                     return None
-                continue
+                except Exception:
+                    pass  # located below as if it were not imported
             spec = _meta_path_spec(prefix, path)
             if spec is None:
                 return None

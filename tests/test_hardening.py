@@ -502,3 +502,21 @@ def test_zipped_install_doctor_equals_runtime(fake_site, tmp_path):
     (r,), _ = run_py(code, patches)
     assert r["doctor"][0] == "patch", r
     assert r["state"] == "applied" and r["value"] == 3, r
+
+
+def test_status_after_a_failed_import_left_a_namespace_package_orphaned(fake_site):
+    """A failed (e.g. concurrent) import can leave ``pkg.ns`` in sys.modules without ``pkg``;
+    a namespace package's path then cannot be recomputed. status() and the doctor still answer."""
+    site = fake_site(engine_source=None, patches=FAKE_PATCHES.replace('"fakeeng.core"', '"fakeeng.ns.core"'),
+                     extra={"fakeeng/ns/core.py": FAKE_ENGINE})
+    (r,), _ = run_py('''
+        use_fake()
+        import fakeeng.ns.core as core
+        applied = state()["state"]
+        del sys.modules["fakeeng"]
+        from flashfix import _doctor
+        rows, _ = _doctor.diagnose()
+        report(applied=applied, state=state()["state"],
+               doctor={x["id"]: x["verdict"] for x in rows}["fake-compute"])
+    ''', site)
+    assert r == {"applied": "applied", "state": "applied", "doctor": "patch"}
