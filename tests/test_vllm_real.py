@@ -4,14 +4,16 @@ Every engine import runs in a fresh process of that release's environment (tests
 ``import vllm.v1.attention.backends.flashinfer`` takes about 25 s on CPU, so each process checks
 as much as it can and reports through ``FLASHFIX_RESULT=`` lines.
 
-* 0.27.1 (not affected), 0.28.0 and 0.33.0 (fixed upstream): doctor verdict with vLLM not
-  imported, runtime state after the import, engine functions untouched.
-* The pre-fix shape (a main-branch build between PRs #49718 and #52148, never released) is
-  derived at test time from the installed 0.28.0 source by removing what #52148 added
-  (tests/vllm_prefix_shape.py), written to a temporary file and imported under the real module
-  name. flashfix patches it; with FlashInfer's wrapper classes replaced by recorders and the GPU
-  capability faked, its prefill factory and forward call are compared argument by argument with
-  unmodified 0.28.0 across GPUs, sinks, causality, KV dtypes, scales and two layers.
+* 0.27.1 (not affected), 0.28.0, 0.29.0, 0.30.0 and 0.33.0 (fixed upstream): doctor verdict with
+  vLLM not imported, runtime state after the import, engine functions untouched.
+* The pre-fix shape (a main-branch build between PRs #49718 and #52148, or a fork of a later
+  release without #52148) is derived at test time from each of 0.28.0, 0.29.0, 0.30.0 and 0.33.0
+  by removing what #52148 added (tests/vllm_prefix_shape.py), written to a temporary file and
+  imported under the real module name, one process per release. flashfix patches it; with
+  FlashInfer's wrapper classes replaced by recorders and the GPU capability faked, its prefill
+  factory and forward call are compared argument by argument with the unmodified release across
+  GPUs (SM90, SM100, SM120, SM121), sinks, causality, KV dtypes, scales and two layers.
+* Without an engine process: the edits against each release's own code, and the shapes refused.
 * Atomicity: when forward cannot be rewritten, nothing of the patch is applied.
 """
 
