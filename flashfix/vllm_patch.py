@@ -7,37 +7,58 @@ Why
     PR #49718 let vLLM's FlashInfer backend serve models with attention sinks (GPT-OSS and
     others) on SM12x GPUs (RTX 50xx, RTX PRO 6000, DGX Spark / GB10): sinks are applied by
     the XQA decode kernel there, and ``FlashInferBackend.supports_sink()`` admits capability
-    family 120. Prefill, however, still went through FlashInfer's generic
-    ``BatchPrefillWithPagedKVCacheWrapper``. Its ``run(..., sinks=...)`` accepts the sinks
-    argument, but the fa2/fa3 kernels that SM12x uses never read it: every prefill token is
-    attended as if the model had no sinks. The output is silently wrong (GSM8K 0.0 for
-    GPT-OSS-20b on a DGX Spark upstream; relative error 0.4 to 0.6 against a reference in our
-    own measurement, see shared notes).
+    family 120 with a trtllm/XQA *decode* only. Prefill, however, still went through
+    FlashInfer's generic ``BatchPrefillWithPagedKVCacheWrapper``. Its ``run(..., sinks=...)``
+    accepts the sinks argument, but the fa2/fa3 kernels it runs never read it: every prefill
+    token is attended as if the model had no sinks. The output is silently wrong (GSM8K 0.0
+    for GPT-OSS-20b on a DGX Spark upstream; relative error 0.4 to 0.6 against a reference in
+    our own measurement, see shared notes). The same holds on any GPU that ``supports_sink``
+    admits with a decode-only gate (from 0.30.0 upstream admits SM90 that way too).
 
 How
-    One patch, three changes, applied together or not at all:
+    One patch, three changes, prepared together and applied together or not at all:
 
-    A. ``FlashInferMetadataBuilder._get_prefill_wrapper`` is replaced by a function
-       (``prefill_factory``) that, when the layer group has sinks, DCP is off and the GPU is
-       of capability family 120, builds FlashInfer's ``BatchAttentionWithAttentionSinkWrapper``
-       (with the prefill query dtype, the KV-cache dtype, the head dim and the sliding window
-       it needs at construction) for the causal or non-causal slot and caches it where the
-       original would. Every other case is handed to the original function. An NVFP4 KV
-       cache with sinks on SM12x is refused with a ``NotImplementedError`` (the sink wrapper
-       cannot read NVFP4).
-    B. ``FlashInferImpl.forward`` gets new code (``_registry.rewrite``: same function object,
-       so no per-call wrapper): the generic ``prefill_wrapper.run(..., sinks=...)``
-       statement becomes a dispatch on the wrapper's type. The sink wrapper is run with the
-       sinks as a positional argument and the q and k scales folded into the softmax scale;
-       the generic wrapper is run as before, without the ignored ``sinks=`` keyword. Cost per
-       call: one ``isinstance`` and one global lookup.
+    A. ``FlashInferMetadataBuilder._get_prefill_wrapper`` gets new code (``_registry.rewrite``:
+       the factory's own source, edited as an AST, compiled and swapped into the same function
+       object). Each ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(workspace, layout,
+       backend=...)`` statement (the causal and the non-causal slot) becomes
+       ``if self.has_sinks and <GPUs>: <build the sink wrapper into the same slot> else: <the
+       statement as it was>``. The sink wrapper gets the workspace and layout arguments as the
+       very expressions, positional or keyword, that this build passes to the generic wrapper
+       (``get_kv_cache_layout()`` in 0.28-era code, ``get_flashinfer_layout_string(
+       self.kv_cache_layout)`` from 0.29), plus what it needs at construction: the prefill
+       query dtype, the KV-cache dtype, the head dim and the sliding window. ``<GPUs>`` is the
+       build's own capability test, read from its ``supports_sink``: the tests of its gates
+       that admit sinks without requiring ``supports_trtllm_attention(is_prefill=True)``, i.e.
+       the GPUs where it serves sinks while prefill runs the generic wrapper (family 120 in
+       0.28/0.29-era code, SM90 or family 120 in 0.30-era code; SM100, whose gate requires
+       trtllm-gen prefill, applies sinks there and is left alone). The GPU is asked only while
+       the slot is empty, as before. An NVFP4 KV cache on the sink branch raises a
+       ``NotImplementedError`` saying why (the sink wrapper cannot read NVFP4).
+    B. ``FlashInferImpl.forward`` gets new code the same way: the generic
+       ``prefill_wrapper.run(..., sinks=...)`` statement becomes a dispatch on the wrapper's
+       type. The sink wrapper is run with the sinks as a positional argument and the q and k
+       scales (the call's own ``q_scale``/``k_scale`` expressions) folded into the softmax
+       scale; the generic wrapper is run as before, without the ignored ``sinks=`` keyword.
+       Cost per call: one ``isinstance`` and one global lookup.
     C. The pre-fix module does not import ``BatchAttentionWithAttentionSinkWrapper``; the
-       name is added to the module's globals (taken from ``flashinfer``), which both A (at
-       call time) and B (as a global) look up.
+       name is added to the module's globals (taken from ``flashinfer``), which A and B look up.
 
-    The result is what upstream PR #52148 does (vLLM 0.28.0), written independently here.
-    The sink wrapper is a subclass of the generic one, so vLLM's ``plan()`` call and the
-    assertions in ``forward`` accept it unchanged.
+    Both rewritten functions carry a one-time marker: ``ran`` in ``flashfix.status()`` turns
+    true when a sink wrapper is first built. ``flashfix.revert()`` puts the original code back
+    into the same function objects and removes the global. The result is what upstream PR
+    #52148 does, written independently here. The sink wrapper is a subclass of the generic
+    one, so vLLM's ``plan()`` call and the assertions in ``forward`` accept it unchanged.
+
+    Refused (``unknown-shape``, engine untouched, the reason given) when ``supports_sink`` has
+    a statement other than local imports and ``if TEST: return ...`` gates, when a gate that
+    admits sinks with a generic prefill tests anything but ``P.is_device_capability(N)`` /
+    ``P.is_device_capability_family(N)`` (joined by ``or``) of a module global, when it ends
+    in a return that admits sinks with a generic prefill on GPUs no test names, when the
+    factory builds the generic wrapper other than as ``self.<slot> = ...(workspace, layout[,
+    backend=])`` once per slot, or when ``forward``'s generic run is not the one statement of
+    the known form; also when the loaded code differs from the file, or the installed
+    FlashInfer has no sink wrapper subclassing the generic one.
 
 Upstream
     https://github.com/vllm-project/vllm/pull/52148 (merged 2026-08-13, first release
@@ -45,25 +66,26 @@ Upstream
 
 Affected versions
     No PyPI release: 0.27.1 and older do not serve sinks with FlashInfer on SM12x
-    (``supports_sink`` admits SM100 only), 0.28.0 and later carry the fix. Affected are
-    builds from vLLM's main branch between #49718 and #52148: nightly wheels and vendor
-    containers, which report dev versions such as ``0.27.2.devN+g<sha>`` or
-    ``0.28.0.devN``. The range ``>=0.27.0.dev0`` has no upper bound on purpose: the shape
-    probe only answers "patch" when all three pre-fix facts hold at once (``supports_sink``
-    admits SM12x, the factory has no sink branch, ``forward`` passes ``sinks=`` to the
-    generic ``run``), and in that shape the change is correct whatever the version string
-    says (a fork or a backport branch may carry #49718 without #52148). Releases with the
-    fix are recognised by shape and left alone.
+    (``supports_sink`` admits SM100 only, with trtllm-gen prefill), 0.28.0 and later carry the
+    fix. Affected are builds from vLLM's main branch between #49718 and #52148: nightly
+    wheels and vendor containers, which report dev versions such as ``0.27.2.devN+g<sha>`` or
+    ``0.28.0.devN``, and forks or backport branches that carry a later release's code without
+    #52148. The range ``>=0.27.0.dev0`` has no upper bound on purpose: the shape probe only
+    answers "patch" when all pre-fix facts hold at once (``supports_sink`` admits sinks on some
+    GPU with a generic prefill, the factory has no sink branch, ``forward`` passes ``sinks=``
+    to the generic ``run``), and in that shape the change is correct whatever the version
+    string says. Tested on that shape derived from 0.28.0, 0.29.0, 0.30.0 and 0.33.0 by
+    reverting #52148 in each (tests/test_vllm_real.py). Releases with the fix are recognised
+    by shape and left alone.
 
 Delete when
     The oldest vLLM that flashfix supports is 0.28.0 or later, or no supported deployment
-    runs a main-branch build from before 2026-08-13.
+    runs a main-branch build from before 2026-08-13 (nor a fork without #52148).
 """
 
 import ast
 import copy
 import functools
-import inspect
 
 from flashfix import _registry, _source
 from flashfix._source import ShapeError
@@ -77,12 +99,22 @@ FACTORY = BUILDER + "._get_prefill_wrapper"
 FORWARD = "FlashInferImpl.forward"
 SUPPORTS_SINK = "FlashInferBackend.supports_sink"
 
-# Builder attributes the sink branch reads; checked against the source before patching.
-_BUILDER_ATTRS = ("has_sinks", "use_dcp", "is_kvcache_nvfp4", "q_data_type_prefill", "kv_cache_dtype",
-                  "head_dim", "window_left", "_prefill_wrapper", "_noncausal_prefill_wrapper")
+# The builder's wrapper slots: the factory assigns the generic wrapper to each, the sink branch
+# assigns the sink wrapper to the same one.
+SLOTS = ("_prefill_wrapper", "_noncausal_prefill_wrapper")
+# Builder attributes the sink branch reads; checked against the builder's source before patching.
+_BUILDER_ATTRS = ("has_sinks", "is_kvcache_nvfp4", "q_data_type_prefill", "kv_cache_dtype", "head_dim",
+                  "window_left")
+# The generic wrapper's first two parameters, shared with the sink wrapper (FlashInfer's names).
+_WORKSPACE, _LAYOUT = "float_workspace_buffer", "kv_layout"
 # Keywords of the generic prefill run call in the pre-fix forward.
 _RUN_NEEDED = {"q_scale", "k_scale", "v_scale", "out", "sinks"}
 _RUN_ALLOWED = _RUN_NEEDED | {"kv_cache_sf"}
+# Capability tests of vLLM's platform interface that supports_sink may gate sinks with.
+_CAPABILITY_TESTS = ("is_device_capability", "is_device_capability_family")
+
+NVFP4_REFUSAL = ("FlashInfer cannot prefill with attention sinks from an NVFP4 KV cache (flashfix %s: the sink "
+                 "wrapper does not read NVFP4); use a bf16 or FP8 KV cache or another attention backend" % PATCH_ID)
 
 
 # --- reading the source -----------------------------------------------------------------------
@@ -92,15 +124,84 @@ def _mentions(node, name):
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
 
 
-def _admits_sm12x(func_def):
-    """Does this ``supports_sink`` body test for capability family 120 (or an SM12x capability)?"""
-    for call in _source.method_calls(func_def, "is_device_capability_family"):
-        if call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == 120:
-            return True
-    for call in _source.method_calls(func_def, "is_device_capability"):
-        if call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value in (120, 121):
+def _is_docstring(stmt):
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _is_false(node):
+    return isinstance(node, ast.Constant) and node.value is False
+
+
+def _needs_trtllm_prefill(node):
+    """Does this return value require ``supports_trtllm_attention(is_prefill=True)``? Then sinks
+    are admitted only where prefill runs trtllm-gen, which applies them itself."""
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name == "supports_trtllm_attention" and any(
+                kw.arg == "is_prefill" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                for kw in call.keywords):
             return True
     return False
+
+
+def _capability_receivers(test, local_names):
+    """The names ``test`` asks for the GPU (``P.is_device_capability(C)`` /
+    ``P.is_device_capability_family(C)``, alone or joined by ``or``); ShapeError otherwise."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return set().union(*(_capability_receivers(value, local_names) for value in test.values))
+    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr in _CAPABILITY_TESTS
+            and isinstance(test.func.value, ast.Name) and test.func.value.id not in local_names
+            and len(test.args) == 1 and not test.keywords and isinstance(test.args[0], ast.Constant)
+            and type(test.args[0].value) is int):
+        return {test.func.value.id}
+    raise ShapeError("%s admits sinks with a generic prefill under `%s`, which is not a device-capability test "
+                     "of a module global: cannot tell on which GPUs" % (SUPPORTS_SINK, ast.unparse(test)))
+
+
+def sink_gpu_test(supports_sink):
+    """The capability test under which the build's ``supports_sink`` admits attention sinks
+    while prefill stays on FlashInfer's generic wrapper, or None when there is no such GPU.
+
+    ``supports_sink`` is read as a sequence of ``if TEST: return VALUE`` gates and a final
+    ``return``. A gate returning False refuses; a return that requires
+    ``supports_trtllm_attention(is_prefill=True)`` admits sinks only where prefill runs
+    trtllm-gen (SM100), which applies them; any other admitting gate (vLLM: ``return
+    supports_trtllm_attention(is_prefill=False)``, decode only) admits sinks on the GPUs its TEST
+    names while prefill runs the generic wrapper: those GPUs need the sink wrapper. The TESTs
+    of all such gates, joined by ``or``, are returned (the AST node itself). ShapeError, with
+    the reason, when the body is not of that form."""
+    local_names = set()
+    gates = []
+    body = supports_sink.body
+    for index, stmt in enumerate(body):
+        if index == 0 and _is_docstring(stmt):
+            continue
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            local_names.update((alias.asname or alias.name).split(".")[0] for alias in stmt.names)
+            continue
+        if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Return):
+            value = stmt.body[0].value
+            if value is None or _is_false(value) or _needs_trtllm_prefill(value):
+                continue
+            _capability_receivers(stmt.test, local_names)
+            gates.append(stmt.test)
+            continue
+        if isinstance(stmt, ast.Return) and index == len(body) - 1:
+            if stmt.value is None or _is_false(stmt.value) or _needs_trtllm_prefill(stmt.value):
+                continue
+            raise ShapeError("%s ends with `return %s`: it admits sinks with a generic prefill on GPUs that no "
+                             "capability test names" % (SUPPORTS_SINK, ast.unparse(stmt.value)))
+        raise ShapeError("%s has a statement flashfix does not read (line %d: `%s`): cannot tell on which GPUs "
+                         "it admits sinks with a generic prefill"
+                         % (SUPPORTS_SINK, stmt.lineno, ast.unparse(stmt).splitlines()[0]))
+    if not gates:
+        return None
+    if len(gates) == 1:
+        return gates[0]
+    return ast.BoolOp(op=ast.Or(), values=list(gates))
 
 
 def _is_prefill_run(call):
@@ -131,6 +232,42 @@ def _find_sink_run(def_node):
     return block, index, call
 
 
+def factory_sites(def_node):
+    """The factory's generic-wrapper constructions: ``[(block, index, slot, call)]``, one per
+    slot, each the statement ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(workspace,
+    layout[, backend=...])`` (workspace and layout positional or by FlashInfer's parameter
+    names). ShapeError, saying what differs, otherwise."""
+    if not def_node.args.args:
+        raise ShapeError("%s has no self argument" % FACTORY)
+    self_name = def_node.args.args[0].arg
+    builds = _source.name_calls(def_node, GENERIC_WRAPPER)
+    if not builds:
+        raise ShapeError("%s does not build %s" % (FACTORY, GENERIC_WRAPPER))
+    sites = []
+    for call in builds:
+        block, index = _source.statement_of(def_node, call)
+        stmt = block[index]
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        if not (target is not None and stmt.value is call and isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name) and target.value.id == self_name and target.attr in SLOTS):
+            raise ShapeError("%s builds %s other than as `self.<slot> = %s(...)` (line %d)"
+                             % (FACTORY, GENERIC_WRAPPER, GENERIC_WRAPPER, call.lineno))
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(kw.arg is None for kw in call.keywords):
+            raise ShapeError("%s passes *args/**kwargs to %s (line %d)" % (FACTORY, GENERIC_WRAPPER, call.lineno))
+        given = [_WORKSPACE, _LAYOUT][:len(call.args)] + [kw.arg for kw in call.keywords]
+        if len(call.args) > 2 or sorted(set(given) - {"backend"}) != sorted([_WORKSPACE, _LAYOUT]) \
+                or len(set(given)) != len(given):
+            raise ShapeError("%s passes %s to %s (line %d); expected the workspace and the KV layout, and "
+                             "optionally backend" % (FACTORY, ", ".join(given) or "nothing", GENERIC_WRAPPER,
+                                                     call.lineno))
+        sites.append((block, index, target.attr, call))
+    slots = sorted(site[2] for site in sites)
+    if slots != sorted(SLOTS):
+        raise ShapeError("%s builds %s into %s; expected once into each of %s"
+                         % (FACTORY, GENERIC_WRAPPER, ", ".join(slots), ", ".join(SLOTS)))
+    return sites
+
+
 def _defs(tree):
     return {qualname: _source.find_def(tree, qualname) for qualname in (SUPPORTS_SINK, FACTORY, FORWARD)}
 
@@ -145,70 +282,92 @@ def probe(trees):
                                % (FACTORY, SINK_WRAPPER))
     if missing:
         return _registry.Shape(_registry.UNKNOWN, "not found: %s" % ", ".join(missing))
-    if not _admits_sm12x(found[SUPPORTS_SINK]):
-        return _registry.Shape(_registry.ABSENT, "%s does not admit SM12x: FlashInfer serves no sink model "
-                                                 "there, so its prefill never sees sinks" % SUPPORTS_SINK)
+    try:
+        gpus = sink_gpu_test(found[SUPPORTS_SINK])
+    except ShapeError as exc:
+        return _registry.Shape(_registry.UNKNOWN, str(exc))
+    if gpus is None:
+        return _registry.Shape(_registry.ABSENT, "%s admits sinks only where prefill runs trtllm-gen (which applies "
+                                                 "them): FlashInfer's generic prefill never sees sinks"
+                               % SUPPORTS_SINK)
+    where = ast.unparse(gpus)
     try:
         _find_sink_run(found[FORWARD])
+        factory_sites(found[FACTORY])
     except ShapeError as exc:
-        return _registry.Shape(_registry.UNKNOWN, "SM12x sinks admitted, factory without a sink branch, but %s" % exc)
-    return _registry.Shape(_registry.BUGGY, "SM12x sinks admitted, but prefill runs the generic FlashInfer wrapper, "
-                                            "which ignores sinks on fa2/fa3")
+        return _registry.Shape(_registry.UNKNOWN, "sinks admitted with a generic prefill where `%s`, factory without "
+                                                  "a sink branch, but %s" % (where, exc))
+    return _registry.Shape(_registry.BUGGY, "sinks admitted with a generic prefill where `%s`, but prefill runs the "
+                                            "generic FlashInfer wrapper, which ignores sinks on fa2/fa3" % where)
 
 
 # --- part A: the prefill wrapper factory --------------------------------------------------------
 
 
-def prefill_factory(original, module):
-    """``_get_prefill_wrapper`` with the SM12x sink branch, delegating everything else to ``original``.
-
-    The sink wrapper class, the layout function and the platform are looked up in ``module``
-    at call time (a test may replace them)."""
-
-    @functools.wraps(original)
-    def _get_prefill_wrapper(self, causal=True):
-        if self.has_sinks and not self.use_dcp:
-            slot = "_prefill_wrapper" if causal else "_noncausal_prefill_wrapper"
-            # capability last: asked only while the wrapper is not built yet, as upstream does
-            if getattr(self, slot) is None and module.current_platform.is_device_capability_family(120):
-                if self.is_kvcache_nvfp4:
-                    if not causal:
-                        return original(self, causal)  # its own NotImplementedError for NVFP4 non-causal
-                    raise NotImplementedError(
-                        "FlashInfer cannot prefill with attention sinks on SM12x from an NVFP4 KV cache "
-                        "(flashfix %s); use a bf16 or FP8 KV cache or another attention backend" % PATCH_ID)
-                wrapper = module.BatchAttentionWithAttentionSinkWrapper(
-                    self._get_workspace_buffer(),
-                    module.get_kv_cache_layout(),
-                    backend="auto",
-                    q_data_type=self.q_data_type_prefill,
-                    kv_data_type=self.kv_cache_dtype,
-                    head_dim_qk=self.head_dim,
-                    head_dim_vo=self.head_dim,
-                    window_left=self.window_left,
-                )
-                setattr(self, slot, wrapper)
-                _registry.note_ran(PATCH_ID)
-                return wrapper
-        return original(self, causal)
-
-    return _get_prefill_wrapper
+def _self_attr(self_name, attr):
+    return ast.Attribute(ast.Name(self_name, ast.Load()), attr, ast.Load())
 
 
-def _check_factory(original, tree):
-    params = list(inspect.signature(original).parameters.values())
-    if [p.name for p in params] != ["self", "causal"] or params[1].default is not True:
-        raise ShapeError("%s%s is not (self, causal=True)" % (FACTORY, inspect.signature(original)))
-    factory = _source.find_def(tree, FACTORY)
-    builds = _source.name_calls(factory, GENERIC_WRAPPER)
-    if not builds:
-        raise ShapeError("%s does not build %s" % (FACTORY, GENERIC_WRAPPER))
-    for call in builds:  # the sink wrapper is built with the same workspace and layout expressions
-        if (len(call.args) < 2 or not isinstance(call.args[1], ast.Call)
-                or not isinstance(call.args[1].func, ast.Name) or call.args[1].func.id != "get_kv_cache_layout"):
-            raise ShapeError("%s passes its KV layout other than as get_kv_cache_layout()" % FACTORY)
-        if _source.source_of(call.args[0]) != "self._get_workspace_buffer()":
-            raise ShapeError("%s passes its workspace other than as self._get_workspace_buffer()" % FACTORY)
+def edit_factory(gpus):
+    """The edit for ``_get_prefill_wrapper``: each ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(
+    workspace, layout, ...)`` statement becomes
+
+        if self.has_sinks and (<gpus>):
+            if self.is_kvcache_nvfp4:
+                raise NotImplementedError(<why>)
+            <mark>
+            self.<slot> = BatchAttentionWithAttentionSinkWrapper(workspace, layout, backend="auto",
+                q_data_type=self.q_data_type_prefill, kv_data_type=self.kv_cache_dtype,
+                head_dim_qk=self.head_dim, head_dim_vo=self.head_dim, window_left=self.window_left)
+        else:
+            <the statement as it was>
+
+    with ``workspace`` and ``layout`` the very expressions (and positional or keyword form) of
+    that construction, and ``gpus`` the capability test read from ``supports_sink``."""
+
+    def edit(def_node, mark):
+        self_name = def_node.args.args[0].arg if def_node.args.args else None
+        sites = factory_sites(def_node)
+        for number, (block, index, slot, call) in enumerate(sites):
+            stmt = block[index]
+            sink_call = ast.Call(
+                func=ast.Name(SINK_WRAPPER, ast.Load()),
+                args=[copy.deepcopy(a) for a in call.args],
+                keywords=[copy.deepcopy(kw) for kw in call.keywords if kw.arg in (_WORKSPACE, _LAYOUT)] + [
+                    ast.keyword("backend", ast.Constant("auto")),
+                    ast.keyword("q_data_type", _self_attr(self_name, "q_data_type_prefill")),
+                    ast.keyword("kv_data_type", _self_attr(self_name, "kv_cache_dtype")),
+                    ast.keyword("head_dim_qk", _self_attr(self_name, "head_dim")),
+                    ast.keyword("head_dim_vo", _self_attr(self_name, "head_dim")),
+                    ast.keyword("window_left", _self_attr(self_name, "window_left")),
+                ],
+            )
+            refuse = ast.If(
+                test=_self_attr(self_name, "is_kvcache_nvfp4"),
+                body=[ast.Raise(ast.Call(ast.Name("NotImplementedError", ast.Load()), [ast.Constant(NVFP4_REFUSAL)],
+                                         []), None)],
+                orelse=[])
+            build = ast.Assign(targets=[ast.Attribute(ast.Name(self_name, ast.Load()), slot, ast.Store())],
+                               value=sink_call)
+            branch = ast.If(
+                test=ast.BoolOp(ast.And(), [_self_attr(self_name, "has_sinks"), copy.deepcopy(gpus)]),
+                body=[refuse, mark if number == 0 else copy.deepcopy(mark), build],
+                orelse=[stmt],
+            )
+            for node in ast.walk(branch):
+                if "lineno" in node._attributes and node is not stmt and not _inside(node, stmt):
+                    ast.copy_location(node, stmt)
+            block[index] = branch
+        return def_node
+
+    return edit
+
+
+def _inside(node, stmt):
+    return any(n is node for n in ast.walk(stmt))
+
+
+def _check_builder(tree):
     assigned = set()
     for node in ast.walk(_source.find_def(tree, BUILDER)):
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -218,6 +377,33 @@ def _check_factory(original, tree):
     lacking = [a for a in _BUILDER_ATTRS if a not in assigned]
     if lacking:
         raise ShapeError("%s never sets %s" % (BUILDER, ", ".join(lacking)))
+
+
+def prefill_factory(original, module):
+    """The sink branch as a closure around ``original``, for ``flashfix verify``'s stand-in
+    builder (``flashfix/_gpu_checks.py``), which has no engine source to rewrite: family 120,
+    the layout from ``module.get_kv_cache_layout()``, everything else handed to ``original``.
+    The patch does not use it: it rewrites the build's own factory (``edit_factory``)."""
+
+    @functools.wraps(original)
+    def _get_prefill_wrapper(self, causal=True):
+        if self.has_sinks and not self.use_dcp:
+            slot = "_prefill_wrapper" if causal else "_noncausal_prefill_wrapper"
+            if getattr(self, slot) is None and module.current_platform.is_device_capability_family(120):
+                if self.is_kvcache_nvfp4:
+                    if not causal:
+                        return original(self, causal)
+                    raise NotImplementedError(NVFP4_REFUSAL)
+                wrapper = module.BatchAttentionWithAttentionSinkWrapper(
+                    self._get_workspace_buffer(), module.get_kv_cache_layout(), backend="auto",
+                    q_data_type=self.q_data_type_prefill, kv_data_type=self.kv_cache_dtype,
+                    head_dim_qk=self.head_dim, head_dim_vo=self.head_dim, window_left=self.window_left)
+                setattr(self, slot, wrapper)
+                _registry.note_ran(PATCH_ID)
+                return wrapper
+        return original(self, causal)
+
+    return _get_prefill_wrapper
 
 
 # --- part B: the prefill call in forward --------------------------------------------------------
@@ -271,6 +457,13 @@ def edit_forward(def_node, mark):
 # --- the patch -----------------------------------------------------------------------------------
 
 
+def _plain_function(owner, name):
+    func = owner.__dict__.get(name)
+    if not isinstance(func, type(_plain_function)):
+        raise ShapeError("%s.%s is not a plain function" % (owner.__name__, name))
+    return func
+
+
 def prepare(modules):
     module = modules[TARGET]
     tree = _source.module_ast(TARGET, modules)
@@ -278,11 +471,13 @@ def prepare(modules):
     impl = getattr(module, "FlashInferImpl", None)
     if builder is None or impl is None:
         raise ShapeError("%s lacks %s or FlashInferImpl" % (TARGET, BUILDER))
-    for name in ("current_platform", "get_kv_cache_layout", GENERIC_WRAPPER):
+    gpus = sink_gpu_test(_source.find_def(tree, SUPPORTS_SINK))
+    if gpus is None:
+        raise ShapeError("%s admits no GPU with a generic prefill" % SUPPORTS_SINK)
+    for name in sorted(_capability_receivers(gpus, set())) + [GENERIC_WRAPPER]:
         if not hasattr(module, name):
             raise ShapeError("%s has no global %s" % (TARGET, name))
-    if not hasattr(module.current_platform, "is_device_capability_family"):
-        raise ShapeError("current_platform has no is_device_capability_family()")
+    _check_builder(tree)
     import flashinfer
 
     sink_wrapper = getattr(flashinfer, SINK_WRAPPER, None)
@@ -290,16 +485,10 @@ def prepare(modules):
         raise ShapeError("the installed flashinfer %s has no %s" % (getattr(flashinfer, "__version__", "?"), SINK_WRAPPER))
     if not issubclass(sink_wrapper, getattr(module, GENERIC_WRAPPER)):
         raise ShapeError("flashinfer's %s is not a %s (forward's checks would refuse it)" % (SINK_WRAPPER, GENERIC_WRAPPER))
-    original = builder.__dict__.get("_get_prefill_wrapper")
-    if not inspect.isfunction(original):
-        raise ShapeError("%s is not a plain function" % FACTORY)
-    _check_factory(original, tree)
-    call_change = _registry.rewrite(impl.forward, edit_forward, PATCH_ID)  # part B
-    return [
-        _registry.SetAttr(module, SINK_WRAPPER, sink_wrapper),  # part C
-        _registry.SetAttr(builder, "_get_prefill_wrapper", prefill_factory(original, module)),  # part A
-        call_change,
-    ]
+    factory_change = _registry.rewrite(_plain_function(builder, "_get_prefill_wrapper"), edit_factory(gpus),
+                                       PATCH_ID)  # part A
+    forward_change = _registry.rewrite(_plain_function(impl, "forward"), edit_forward, PATCH_ID)  # part B
+    return [_registry.SetAttr(module, SINK_WRAPPER, sink_wrapper), factory_change, forward_change]  # C, A, B
 
 
 PATCHES = (
@@ -311,7 +500,8 @@ PATCHES = (
         upstream="https://github.com/vllm-project/vllm/pull/52148",
         fixed_in="0.28.0",
         delete_when="the oldest supported vLLM is 0.28.0, or no main-branch build from before 2026-08-13 is in use",
-        summary="SM12x prefill with attention sinks uses FlashInfer's sink wrapper instead of silently dropping sinks",
+        summary="prefill with attention sinks uses FlashInfer's sink wrapper on the GPUs where the build serves "
+                "sinks with a generic prefill, instead of silently dropping sinks",
         probe=probe,
         prepare=prepare,
     ),

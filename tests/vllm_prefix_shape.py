@@ -1,10 +1,12 @@
 """Helpers for tests/test_vllm_real.py that run inside a vLLM environment.
 
 ``derive_prefix_source`` rebuilds the pre-#52148 shape of ``vllm/v1/attention/backends/flashinfer.py``
-from the installed vLLM 0.28.0 file, at test time: it removes exactly what PR #52148 added (the
-``BatchAttentionWithAttentionSinkWrapper`` import, the two SM12x sink branches of the prefill
-wrapper factory, the ``isinstance`` dispatch in ``forward``) and puts back what it removed (the
-``sinks=self.sinks`` keyword of the generic prefill call). Nothing is copied from upstream.
+from an installed release that carries the fix (0.28.0 to 0.33.0), at test time: it removes exactly
+what PR #52148 added (the ``BatchAttentionWithAttentionSinkWrapper`` import, the two sink branches
+of the prefill wrapper factory, SM12x-only up to 0.29.0 and SM90-or-SM12x from 0.30.0, the
+``isinstance`` dispatch in ``forward``) and puts back what it removed (the ``sinks=self.sinks``
+keyword of the generic prefill call). Everything else, ``supports_sink`` included, stays as that
+release has it. Nothing is copied from upstream.
 
 The rest is the recording harness for the differential test: FlashInfer wrapper classes replaced by
 recorders, stand-in builder / impl / layer / metadata objects carrying just what the code reads.
@@ -28,13 +30,28 @@ def _find(tree, qualname):
     return node
 
 
-def _is_sm12x_sink_test(test):
-    text = ast.unparse(test)
-    return text == "self.has_sinks and current_platform.is_device_capability_family(120)"
+def _sink_branch_gpus(stmt):
+    """For the factory's ``if self.has_sinks and <gpus>: ... BatchAttentionWithAttentionSinkWrapper(...)``
+    statement, ``<gpus>``; None for any other statement."""
+    if not isinstance(stmt, ast.If):
+        return None
+    test = stmt.test
+    if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and len(test.values) == 2
+            and ast.unparse(test.values[0]) == "self.has_sinks"):
+        return None
+    builds_sink = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == SINK
+                      for body_stmt in stmt.body for n in ast.walk(body_stmt))
+    return test.values[1] if builds_sink else None
+
+
+def sink_branch_gpu_tests(fixed_source):
+    """The capability tests of the release's own sink branches (as source text), in order."""
+    factory = _find(ast.parse(fixed_source), "FlashInferMetadataBuilder._get_prefill_wrapper")
+    return [ast.unparse(_sink_branch_gpus(n)) for n in ast.walk(factory) if _sink_branch_gpus(n) is not None]
 
 
 def _replace_ifs(func, predicate, replacement):
-    """Replace every ``if`` statement of ``func`` whose test satisfies ``predicate``; return the count."""
+    """Replace every ``if`` statement of ``func`` that satisfies ``predicate``; return the count."""
     count = 0
     for parent in ast.walk(func):
         for field in ("body", "orelse"):
@@ -43,7 +60,7 @@ def _replace_ifs(func, predicate, replacement):
                 continue
             new = []
             for stmt in block:
-                if isinstance(stmt, ast.If) and predicate(stmt.test):
+                if isinstance(stmt, ast.If) and predicate(stmt):
                     new.extend(replacement(stmt))
                     count += 1
                 else:
@@ -53,7 +70,7 @@ def _replace_ifs(func, predicate, replacement):
 
 
 def derive_prefix_source(fixed_source):
-    """The pre-fix module source, derived from the 0.28.0 (fixed) source. Raises if the fixed
+    """The pre-fix module source, derived from a fixed release's source. Raises if the fixed
     source does not have exactly the pieces #52148 added."""
     tree = ast.parse(fixed_source)
 
@@ -65,14 +82,14 @@ def derive_prefix_source(fixed_source):
 
     # 2. the two sink branches of the factory: keep their else bodies
     factory = _find(tree, "FlashInferMetadataBuilder._get_prefill_wrapper")
-    n = _replace_ifs(factory, _is_sm12x_sink_test, lambda stmt: stmt.orelse)
+    n = _replace_ifs(factory, lambda stmt: _sink_branch_gpus(stmt) is not None, lambda stmt: stmt.orelse)
     assert n == 2, n
 
     # 3. the isinstance dispatch in forward: back to the generic call, with sinks=self.sinks
     forward = _find(tree, "FlashInferImpl.forward")
 
-    def is_dispatch(test):
-        return ast.unparse(test) == "isinstance(prefill_wrapper, %s)" % SINK
+    def is_dispatch(stmt):
+        return ast.unparse(stmt.test) == "isinstance(prefill_wrapper, %s)" % SINK
 
     def generic_with_sinks(stmt):
         assert len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.Expr), ast.unparse(stmt)
@@ -208,11 +225,41 @@ def fake_capability(platform, capability):
     type(platform).get_device_capability = classmethod(lambda cls, device_id=0: cap)
 
 
-def stand_in_builder(cls, *, has_sinks, kv_dtype, q_dtype, workspace, head_dim=64, window_left=-1):
+def nhd_layout(module):
+    """Make the release lay its KV cache out as NHD without an engine config, in its own terms:
+    up to 0.28 the global override ``set_kv_cache_layout("NHD")`` (returns None); from 0.29 the
+    builder and impl read ``self.cache_config.get_resolved_kv_cache_layout()``, so the stand-ins
+    get a cache config resolving to ``KVCacheLayout.LBNHC`` (FlashInfer's NHD), returned here."""
+    if hasattr(module, "get_kv_cache_layout"):
+        from vllm.v1.attention.backends.utils import set_kv_cache_layout
+
+        set_kv_cache_layout("NHD")
+        return None
+    return module.KVCacheLayout.LBNHC
+
+
+def stand_in_cache(module, layout, *, num_blocks, block_size, num_kv_heads, head_size, dtype):
+    """A zero KV cache of one layer, shaped as the release expects for an NHD layout."""
+    import torch
+
+    if layout is None:
+        shape = module.FlashInferBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    else:  # physical [blocks, tokens, heads, K|V content] for LBNHC
+        shape = (num_blocks, block_size, num_kv_heads, 2 * head_size)
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _cache_config(layout):
+    return types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout)
+
+
+def stand_in_builder(cls, *, has_sinks, kv_dtype, q_dtype, workspace, head_dim=64, window_left=-1, layout=None):
     builder = object.__new__(cls)
     builder.has_sinks = has_sinks
     builder.use_dcp = False
     builder.is_kvcache_nvfp4 = False
+    builder.nvfp4_fa2 = builder.nvfp4_trtllm = False
+    builder.cache_config = _cache_config(layout)
     builder.q_data_type_prefill = q_dtype
     builder.kv_cache_dtype = kv_dtype
     builder.head_dim = head_dim
@@ -223,8 +270,12 @@ def stand_in_builder(cls, *, has_sinks, kv_dtype, q_dtype, workspace, head_dim=6
     return builder
 
 
-def stand_in_impl(cls, *, sinks, kv_cache_dtype, num_heads=8, num_kv_heads=2, head_size=64, window_left=-1):
+def stand_in_impl(cls, *, sinks, kv_cache_dtype, num_heads=8, num_kv_heads=2, head_size=64, window_left=-1,
+                  layout=None):
     impl = object.__new__(cls)
+    impl.cache_config = _cache_config(layout)
+    impl.nvfp4_fa2 = impl.nvfp4_trtllm = False
+    impl._nvfp4_fp8_out = None
     impl.num_heads = num_heads
     impl.num_kv_heads = num_kv_heads
     impl.head_size = head_size
@@ -249,8 +300,9 @@ def stand_in_layer(q, k, v):
                                  _o_scale_float=None)
 
 
-def stand_in_metadata(module, wrapper, *, num_tokens, causal, q_dtype):
+def stand_in_metadata(module, wrapper, *, num_tokens, causal, q_dtype, layout=None):
     return types.SimpleNamespace(
+        kv_cache_layout=layout,
         num_actual_tokens=num_tokens, num_decode_tokens=0, num_prefill_tokens=num_tokens, num_decodes=0,
         num_prefills=1, use_cascade=False, cascade_wrapper=None, causal=causal,
         q_data_type_prefill=q_dtype, q_data_type_decode=q_dtype,
