@@ -22,7 +22,12 @@ from flashfix._source import ShapeError
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
 FIXED_IN = "0.5.18"
-VERSIONS = "<0.5.18"
+# Every PyPI release from 0.5.1 to 0.5.17 carries the pre-fix shape, and 0.5.18 and later carry
+# the fix, which the probes recognise whatever the version says. The range is open above on
+# purpose: a post-release branch or a vendor build numbered 0.5.18 or later without #34217 is
+# the same code and gets the same fix (tested on 0.5.18's and 0.5.23's own source with #34217
+# reverted, tests/test_sglang_derived.py); the probes answer "patch" only on the pre-fix shape.
+VERSIONS = ">=0.5.1"
 DELETE_WHEN = "flashfix no longer supports SGLang older than 0.5.18"
 
 

@@ -68,7 +68,7 @@ from flashfix import _registry, _source, vllm_patch, when_imported
 patch = vllm_patch.PATCHES[0]
 TARGET = vllm_patch.TARGET
 version = _registry.engine_version("vllm")
-verdict = _registry.judge(patch, {t: _source.module_ast(t) for t in patch.targets}, version)
+verdict = _registry.judge(patch, {t: _source.module_ast(t) for t in _registry.targets_of(patch)}, version)
 imported = sorted(m for m in ("vllm", "torch", "flashinfer") if m in sys.modules)
 
 originals = {}
