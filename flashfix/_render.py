@@ -14,9 +14,11 @@ rendered with ``ast.unparse`` instead, and if even that does not give the edited
 rewrite is refused (``ShapeError``).
 
 Line numbers: in the compiled code, an unchanged line keeps its line number in the installed
-file, so tracebacks through the patched function show the installed file's lines; every line
-of a replaced statement reports the first line of the statement it replaces, and an
-inserted statement the line of the statement it precedes (what the installed file has there).
+file, so tracebacks through the patched function show the installed file's lines; the k-th
+line written for a replaced statement reports as the k-th line of the statement it replaces
+(the last one when there are more), and an inserted statement as the line of the statement
+it precedes. ``render`` breaks long statements at the same places as the engines' own
+formatting mostly does, so most lines report as the installed line that reads the same.
 """
 
 import ast
@@ -108,11 +110,11 @@ class _Splicer:
     def _text(self, stmts, indent, old_first=None):
         out = []
         for index, stmt in enumerate(stmts):
-            text = ast.unparse(stmt)
-            if (index == 0 and old_first is not None and isinstance(stmt, ast.If)
-                    and self._line(old_first.lineno).lstrip().startswith("elif")):
-                text = "el" + text  # an ``elif`` replaced in place stays an ``elif``
-            out.extend(indent + line + "\n" for line in text.split("\n"))
+            elif_ = (index == 0 and old_first is not None and isinstance(stmt, ast.If)
+                     and self._line(old_first.lineno).lstrip().startswith("elif"))
+            # a statement that the source spreads over lines is spread again, like it was
+            spread = old_first is not None and type(stmt) is type(old_first) and old_first.end_lineno > old_first.lineno
+            out.extend(line + "\n" for line in _format(stmt, indent, "el" if elif_ else "", spread))
         return out
 
     def replace(self, old, new):
@@ -185,6 +187,77 @@ class _Splicer:
                 self.block(o.body, n.body)
 
 
+WIDTH = 100  # a statement longer than this is broken over lines (call arguments, and/or operands)
+
+
+def _operand(node):
+    text = ast.unparse(node)
+    if isinstance(node, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
+        return "(" + text + ")"
+    return text
+
+
+def _targets(assign):
+    """``a, b = `` rather than ``ast.unparse``'s ``(a, b) = ``."""
+    parts = []
+    for target in assign.targets:
+        if isinstance(target, ast.Tuple) and len(target.elts) > 1:
+            parts.append(", ".join(ast.unparse(e) for e in target.elts))
+        else:
+            parts.append(ast.unparse(target))
+    return " = ".join(parts) + " = "
+
+
+def _broken(prefix, value, indent):
+    """``prefix + value`` over several lines, or None when ``value`` is not a call or and/or."""
+    inner = indent + "    "
+    if isinstance(value, ast.Call):
+        items = [ast.unparse(a) for a in value.args]
+        items += [("%s=" % k.arg if k.arg else "**") + ast.unparse(k.value) for k in value.keywords]
+        return ([indent + prefix + ast.unparse(value.func) + "("] + [inner + item + "," for item in items]
+                + [indent + ")"])
+    if isinstance(value, ast.BoolOp):
+        word = "and" if isinstance(value.op, ast.And) else "or"
+        operands = [_operand(v) for v in value.values]
+        return ([indent + prefix + "("] + [inner + operands[0]] + [inner + word + " " + o for o in operands[1:]]
+                + [indent + ")"])
+    return None
+
+
+def _format(stmt, indent, keyword_prefix="", spread=False):
+    """Source lines of ``stmt`` at ``indent``: ``ast.unparse``, with a statement longer than
+    ``WIDTH`` (or any, with ``spread``) broken at its call arguments or and/or operands, and
+    ``if`` blocks laid out statement by statement so that their statements are broken too. Whatever this writes
+    is parsed back and compared with the edit before use (``render``)."""
+    lines = ast.unparse(stmt).split("\n")
+    if isinstance(stmt, ast.Assign) and len(lines) == 1:
+        lines = [_targets(stmt) + ast.unparse(stmt.value)]
+    if len(lines) == 1 and not spread and len(indent) + len(keyword_prefix) + len(lines[0]) <= WIDTH:
+        return [indent + keyword_prefix + lines[0]]
+    if isinstance(stmt, ast.If):
+        out = [indent + keyword_prefix + "if " + ast.unparse(stmt.test) + ":"]
+        for child in stmt.body:
+            out.extend(_format(child, indent + "    "))
+        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
+            out.extend(_format(stmt.orelse[0], indent, "el"))
+        elif stmt.orelse:
+            out.append(indent + "else:")
+            for child in stmt.orelse:
+                out.extend(_format(child, indent + "    "))
+        return out
+    if len(lines) == 1 and not keyword_prefix:
+        broken = None
+        if isinstance(stmt, ast.Expr):
+            broken = _broken("", stmt.value, indent)
+        elif isinstance(stmt, ast.Assign):
+            broken = _broken(_targets(stmt), stmt.value, indent)
+        elif isinstance(stmt, ast.Return) and stmt.value is not None:
+            broken = _broken("return ", stmt.value, indent)
+        if broken is not None:
+            return broken
+    return [indent + keyword_prefix + line for line in lines]
+
+
 class Rendered:
     """The installed function's text (``before``) and its text once edited, with and without
     the one-time marker statement (``text(MARKED)`` / ``text(PLAIN)``); ``start`` is the
@@ -230,6 +303,8 @@ def _parse_function(text, line_map):
             n.lineno = at(n.lineno)
             if getattr(n, "end_lineno", None) is not None:
                 n.end_lineno = max(at(n.end_lineno), n.lineno)
+                if n.end_lineno == n.lineno and (n.end_col_offset or 0) < (n.col_offset or 0):
+                    n.end_col_offset = n.col_offset  # lines that report as one installed line
     return node
 
 
@@ -256,7 +331,10 @@ def _splice(lines, start, end, original, edited):
             line_map.append(number)
             number += 1
         out.extend(splice.new)
-        line_map.extend([splice.at] * len(splice.new))
+        if splice.last >= splice.first:  # a replacement: line k reports as installed line first + k, at most last
+            line_map.extend(min(splice.first + k, splice.last) for k in range(len(splice.new)))
+        else:  # an insertion: as the line it is put before (or after)
+            line_map.extend([splice.at] * len(splice.new))
         number = splice.last + 1
     while number <= end:
         out.append(lines[number - 1])
