@@ -228,6 +228,16 @@ class ZipReader:
             self.roots += ["%s/%s/" % (d, kind) for d in data for kind in ("purelib", "platlib")]
         self.errors = []  # members that could not be read (a corrupt archive)
         self._archive_sha256 = None
+        self._dirs = set()  # every folder of the archive, for namespace packages
+        self._metadata = {}  # normalised distribution name (from the folder) -> its METADATA members
+        for member in self.names:
+            parts = member.split("/")
+            for depth in range(1, len(parts)):
+                self._dirs.add("/".join(parts[:depth]))
+            if len(parts) == 2 and parts[1] == "METADATA" and parts[0].endswith(".dist-info"):
+                folder = _normal(parts[0][: -len(".dist-info")].rsplit("-", 1)[0])  # name-version
+                self._metadata.setdefault(folder, []).append(member)
+        self._versions = {}
 
     def _member(self, name):
         for root in self.roots:
@@ -238,7 +248,7 @@ class ZipReader:
             for candidate in (base + ".pyc", base + "/__init__.pyc"):
                 if candidate in self.names:
                     return candidate, False
-            if any(n.startswith(base + "/") for n in self.names):
+            if base in self._dirs:
                 return base + "/", False  # a directory without __init__: a namespace package
         return None, False
 
@@ -285,15 +295,14 @@ class ZipReader:
 
     def _metadata_member(self, dist):
         wanted = _normal(dist)
-        for member in sorted(self.names):
-            if member.endswith(".dist-info/METADATA") and member.count("/") == 1:
-                folder = _normal(member.split("/")[0][: -len(".dist-info")].rsplit("-", 1)[0])  # name-version
-                if folder != wanted:
-                    continue
+        if wanted not in self._versions:
+            self._versions[wanted] = (None, None)
+            for member in sorted(self._metadata.get(wanted, ())):
                 name, version = _metadata_version(self._read_member(member).decode("utf-8", "replace"))
                 if name and _normal(name) == wanted:
-                    return member, version
-        return None, None
+                    self._versions[wanted] = (member, version)
+                    break
+        return self._versions[wanted]
 
     def version(self, dist):
         return self._metadata_member(dist)[1]
@@ -306,11 +315,8 @@ class ZipReader:
 
     def distributions(self):
         """``[(name, version)]`` of the wheel's own metadata."""
-        found = []
-        for member in sorted(self.names):
-            if member.endswith(".dist-info/METADATA") and member.count("/") == 1:
-                found.append(_metadata_version(self._read_member(member).decode("utf-8", "replace")))
-        return found
+        members = sorted(m for ms in self._metadata.values() for m in ms)
+        return [_metadata_version(self._read_member(m).decode("utf-8", "replace")) for m in members]
 
     def describe(self):
         return self.label

@@ -206,7 +206,8 @@ class PythonReader:
         except OSError as exc:
             raise _locate.SourceError("--python %s cannot be run: %s" % (self.executable, exc)) from None
         threading.Thread(target=self._pump, args=(self._process.stdout, self._lines), daemon=True).start()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         hello = self._receive(what="start")
         if not hello.get("hello"):
             self.close()
@@ -230,6 +231,8 @@ class PythonReader:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
+        if code is not None:
+            self._drainer.join(timeout=5)  # all it wrote to stderr, for the message
         tail = "".join(self._stderr).strip().splitlines()[-3:]
         detail = (": " + " | ".join(tail)) if tail else ""
         if code is None:
