@@ -16,10 +16,12 @@ says would apply is planned from that source alone:
 
 The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
 is the same edit made from source. ``PLANS`` holds one per patch; the edits are the patch
-modules' own module-level functions where they have them (``vllm_patch.edit_forward``); for
-the SGLang patches, whose edits are closures inside ``prepare``, the plan repeats their AST
-steps with the module-level helpers of ``sglang_patch`` (a test compares the result with the
-code the runtime swaps in, on the real releases).
+modules' own module-level functions where they have them (``vllm_patch.edit_forward``, and
+``sglang_patch.edit_fp8_call`` / ``edit_vision_check`` / ``edit_autotune`` once that module
+exposes them); until then, for the SGLang patches, whose edits are closures inside ``prepare``,
+the plan repeats their AST steps with the module-level helpers of ``sglang_patch``. Either way
+a test compiles the printed result and compares it with the code the runtime swaps in, on the
+real releases, so a plan that drifted from its patch fails there.
 """
 
 import ast
@@ -293,6 +295,11 @@ def _plan_autotune(plan):
         elif not binds(modname, "is_sm120_supported"):
             add_global.append(True)
         _source.insert_before(func_def, either, mark)
+
+    shared = getattr(s, "edit_autotune", None)  # the patch module's own edit, once it exposes it
+    if shared is not None:
+        def edit(func_def, mark):  # noqa: F811
+            add_global.extend(shared(func_def, mark, binds, lambda name: binds(modname, name)))
 
     planned = Planner(plan.patch_id)
     planned.rewrite(modname, qualname, edit)
