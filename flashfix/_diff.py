@@ -220,6 +220,9 @@ class Planner:
 def _plan_vllm(plan):
     from flashfix import vllm_patch as v
 
+    if not binds("flashinfer", v.SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
+        raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
+                         % v.SINK_WRAPPER)
     plan.add_name(v.TARGET, v.SINK_WRAPPER, "flashinfer", v.SINK_WRAPPER)  # part C
     plan.replace(v.TARGET, v.BUILDER, "_get_prefill_wrapper", v.prefill_factory,  # part A
                  "prefill_factory(<the installed %s>, <module %s>)" % (v.FACTORY, v.TARGET), delegate=v.FACTORY)

@@ -262,3 +262,9 @@ def test_diff_of_the_vllm_prefix_tree_from_outside(tmp_path):
     ours = _source.find_def(ast.parse(after), "FlashInferImpl.forward")
     theirs = _source.find_def(ast.parse(fixed), "FlashInferImpl.forward")
     assert ast.dump(ours) == ast.dump(theirs)
+    # without a FlashInfer next to it, prepare() would refuse (it takes the sink wrapper from there)
+    alone = v.cli("diff", "vllm-sink-prefill", "--path", tree)
+    assert alone.returncode == 1, alone.stderr
+    assert alone.stdout.splitlines()[1] == (
+        "vllm-sink-prefill (vllm 0.27.2.dev41+g0123abc): would not apply: the flashinfer read here has no "
+        "BatchAttentionWithAttentionSinkWrapper (or is not there): the runtime would leave vLLM as it is")
