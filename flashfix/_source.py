@@ -10,8 +10,9 @@ decide from the same facts. Parsed trees live only while patches are being decid
 source is parsed, recompiled unedited and compared with the loaded code object tree (if
 the source is not what was loaded, nothing is done), edited as an AST, written back as
 source text (the installed lines with only the changed statements replaced: ``_render``,
-the text ``flashfix diff`` prints) and compiled from that text to a new code object with the same name, line numbers, ``__future__`` flags, free variables,
-global bindings and name mangling. The caller swaps that code
+the text ``flashfix diff`` prints) and compiled from that text to a new code object with
+the same name, line numbers, ``__future__`` flags, free variables, global bindings and
+name mangling. The caller swaps that code
 into the *existing* function object, so every reference to it, including ``from x import
 f`` copies in other modules, runs the fix, and the per-call cost is that of the fixed code.
 """
