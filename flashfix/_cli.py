@@ -1,7 +1,58 @@
-"""``flashfix`` command line: ``doctor`` and ``verify``."""
+"""``flashfix`` command line: ``doctor``, ``diff`` and ``verify``."""
 
 import argparse
 import sys
+
+
+class _Source(argparse.Action):
+    """``--path`` / ``--python`` values, kept in command-line order (earlier wins, as on sys.path)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        sources = list(getattr(namespace, "sources", None) or [])
+        sources.append(("python" if option_string == "--python" else "path", value))
+        namespace.sources = sources
+
+
+def _add_sources(parser):
+    parser.set_defaults(sources=[])
+    parser.add_argument("--path", action=_Source, metavar="PATH",
+                        help="read the engines from PATH instead of this environment: a wheel (read from the zip, "
+                             "not installed), a site-packages folder or a source tree; repeat to read several as one "
+                             "environment (e.g. an SGLang wheel and a FlashInfer wheel)")
+    parser.add_argument("--python", action=_Source, metavar="EXE",
+                        help="read the environment of the interpreter EXE (it is asked where modules and "
+                             "distributions are; no engine is imported there)")
+
+
+def open_sources(sources):
+    """The reader for ``--path``/``--python`` values (None: this interpreter), and the
+    readers to close. SourceError (with its message) when one cannot be read."""
+    from flashfix import _doctor, _locate
+
+    readers = []
+    try:
+        for kind, value in sources:
+            if kind == "python":
+                from flashfix import _remote
+
+                readers.append(_remote.PythonReader(value))
+            else:
+                reader = _locate.open_path(value)
+                _doctor.check_holds_an_engine(reader, value)
+                readers.append(reader)
+    except _locate.SourceError:
+        close(readers)
+        raise
+    if not readers:
+        return None, []
+    return (readers[0] if len(readers) == 1 else _locate.Composite(readers)), readers
+
+
+def close(readers):
+    for reader in readers:
+        closer = getattr(reader, "close", None)
+        if closer is not None:
+            closer()
 
 
 def main(argv=None):
@@ -13,14 +64,38 @@ def main(argv=None):
     doctor = sub.add_parser("doctor", help="say, without importing any engine, what flashfix would do in this environment")
     doctor.add_argument("--json", action="store_true", help="print a JSON list, one object per patch")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when an affected engine has an unknown shape")
+    _add_sources(doctor)
+    diff = sub.add_parser("diff", help="show, without importing any engine, the engine code as installed against the "
+                                       "code flashfix runs once it applies")
+    diff.add_argument("ids", nargs="*", metavar="ID", help="patch ids (default: every patch)")
+    diff.add_argument("--marker", action="store_true",
+                      help="show the rewritten code as it is until its first run, with the one-time marker line")
+    _add_sources(diff)
     verify = sub.add_parser("verify", help="on this GPU: check that the fixes are in force and numerically right "
                                            "(exit 0 pass, 1 fail, 3 no GPU, 4 no engine)")
     verify.add_argument("--json", action="store_true", help="print a JSON report on stdout (progress goes to stderr)")
     args = parser.parse_args(argv)
-    if args.command == "doctor":
-        from flashfix._doctor import run
+    if args.command in ("doctor", "diff"):
+        from flashfix import _locate
 
-        return run(as_json=args.json, strict=args.strict)
+        try:
+            reader, opened = open_sources(args.sources)
+        except _locate.SourceError as exc:
+            sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
+            return 2
+        try:
+            if args.command == "doctor":
+                from flashfix import _doctor
+
+                return _doctor.run(as_json=args.json, strict=args.strict, reader=reader)
+            from flashfix import _diff
+
+            return _diff.run(args.ids, reader=reader, marker=args.marker)
+        except _locate.SourceError as exc:
+            sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
+            return 2
+        finally:
+            close(opened)
     if args.command == "verify":
         from flashfix._verify import run
 

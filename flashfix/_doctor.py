@@ -4,65 +4,116 @@ No engine, torch or FlashInfer is imported: each patch's shape probe reads the t
 modules' source with ``ast`` (located as the import system would, through the finders on
 ``sys.meta_path``: regular, editable, zipped and sourceless installs alike), the same probe
 the runtime gate uses once the engine is imported.
+
+The environment read is this interpreter's by default. ``--path`` reads wheels (from the zip,
+never unpacked), site-packages folders and source trees instead, several together forming one
+environment; ``--python`` reads another interpreter's environment, which is asked only where
+its modules and distributions are (``flashfix._remote``). Each row lists the files its
+verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
 
 import json
 import sys
 
-from flashfix import _registry, _source
+from flashfix import _locate, _registry, _source
 
 
-def diagnose():
-    """One dict per patch: id, engine, engine_version, verdict, reason, in_range, upstream, fixed_in."""
+def diagnose(reader=None):
+    """One dict per patch: id, engine, engine_version, verdict, reason, in_range, upstream,
+    fixed_in, sources. ``reader``: the environment to read (default: this interpreter's)."""
+    if reader is not None:
+        with _locate.reading(reader):
+            return diagnose()
     patches = _registry.load_all()
     cfg = _registry.config()
     rows = []
     for patch in patches:
-        version = _registry.engine_version(patch.engine)
-        in_range = False
-        try:
-            targets = _registry.targets_of(patch)
-        except Exception as exc:
-            targets, failure = None, "cannot tell which modules to patch: %r" % (exc,)
-        if version is None and (not targets or all(_source.module_file(t) is None for t in targets)):
-            verdict, reason = "not-installed", "%s is not installed" % patch.engine
-        elif cfg.is_disabled(patch.id):
-            verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
-        elif targets is None:
-            verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
-        else:
-            verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version)
-            in_range = _registry.in_range(patch, version)
-        _source.forget()
-        rows.append({
-            "id": patch.id,
-            "engine": patch.engine,
-            "engine_version": version,
-            "verdict": verdict,
-            "reason": reason,
-            "affected_versions": patch.versions,
-            "upstream": patch.upstream,
-            "fixed_in": patch.fixed_in,
-            "in_range": in_range,
-        })
+        with _locate.recording() as sources:
+            row = _diagnose_one(patch, cfg)
+        row["sources"] = sources
+        rows.append(row)
     return rows, cfg
 
 
-def run(as_json=False, strict=False, out=None):
+def _diagnose_one(patch, cfg):
+    version = _registry.engine_version(patch.engine)
+    in_range = False
+    try:
+        targets = _registry.targets_of(patch)
+    except Exception as exc:
+        targets, failure = None, "cannot tell which modules to patch: %r" % (exc,)
+    if version is None and (not targets or all(_source.module_file(t) is None for t in targets)):
+        verdict, reason = "not-installed", "%s is not installed" % patch.engine
+    elif cfg.is_disabled(patch.id):
+        verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
+    elif targets is None:
+        verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
+    else:
+        verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version)
+        in_range = _registry.in_range(patch, version)
+    _source.forget()
+    return {
+        "id": patch.id,
+        "engine": patch.engine,
+        "engine_version": version,
+        "verdict": verdict,
+        "reason": reason,
+        "affected_versions": patch.versions,
+        "upstream": patch.upstream,
+        "fixed_in": patch.fixed_in,
+        "in_range": in_range,
+    }
+
+
+def check_holds_an_engine(reader, label):
+    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches:
+    a wheel of an unrelated package is a mistake, not an environment without engines."""
+    import flashfix
+
+    patches = _registry.load_all()
+    with _locate.reading(reader):
+        if any(_locate.version(p.engine) is not None for p in patches):
+            return
+        if any(_locate.find(top) is not None for top in flashfix.PATCH_MODULES):
+            return
+    held = ""
+    distributions = getattr(reader, "distributions", None)
+    if distributions is not None:
+        names = ["%s %s" % (n, v) for n, v in distributions() if n]
+        if names:
+            held = " (it holds %s)" % ", ".join(names)
+    raise _locate.SourceError("%s holds none of %s%s" % (
+        label, ", ".join(sorted({p.engine for p in patches})), held))
+
+
+def _read_errors(reader):
+    return list(getattr(reader, "errors", None) or ())
+
+
+def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
-    rows, cfg = diagnose()
+    rows, cfg = diagnose(reader)
+    errors = _read_errors(reader)
+    if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
+        for problem in errors:
+            sys.stderr.write("flashfix: %s\n" % problem)
+        return 2
     for problem in cfg.problems:
         sys.stderr.write("flashfix: %s\n" % problem)
     if as_json:
         out.write(json.dumps([{k: v for k, v in r.items() if k != "in_range"} for r in rows], indent=2) + "\n")
     else:
+        if reader is not None:
+            out.write("environment read: %s\n" % reader.describe())
         headers = ("patch", "engine", "version", "verdict", "reason")
         table = [(r["id"], r["engine"], r["engine_version"] or "-", r["verdict"], r["reason"]) for r in rows]
         widths = [max(len(str(row[i])) for row in table + [headers]) for i in range(4)]
         line = "  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4]
         out.write(line + "\n")
-        for row in table:
+        for row, r in zip(table, rows):
             out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4] + "\n")
+            for source in r["sources"]:
+                out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
     if strict and (bad or (cfg.problems and cfg.strict)):
         for r in bad:

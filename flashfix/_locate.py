@@ -15,14 +15,49 @@ and sourceless installs read the same way at doctor time as at runtime. The text
 the loader (``get_source``), which is how a zipped module is read; a loader that has no
 source (``.pyc`` only) gives ``Found(text=None)``, which the registry reports as
 ``unknown-shape``, never as "not affected".
+
+Provenance: inside ``with recording() as files:`` every module and distribution metadata
+read through ``find``/``version`` is listed in ``files`` with the sha256 of the bytes read
+(for a wheel, the member's bytes and the wheel's own sha256), so an image pipeline can name
+exactly what a verdict was decided from. ``open_path`` and ``Composite`` build the readers of
+``flashfix doctor --path``; ``flashfix._remote.PythonReader`` is ``--python``.
 """
 
 import contextvars
+import hashlib
 import os
 import sys
 from collections import namedtuple
 
-Found = namedtuple("Found", "name origin text")  # text None: the module exists but has no source
+# text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
+Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
+
+
+class SourceError(Exception):
+    """A path or interpreter given to read an environment from cannot be read; the message
+    says which and why (``flashfix doctor --path/--python`` prints it and exits 2)."""
+
+
+def _sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sha256_of(found):
+    """The sha256 of what ``found`` was read from: its file's bytes, else its text."""
+    if found.sha256 is not None:
+        return found.sha256
+    if found.origin and os.path.isfile(found.origin):
+        try:
+            return _sha256_file(found.origin)
+        except OSError:
+            pass
+    if found.text is not None:
+        return hashlib.sha256(found.text.encode("utf-8")).hexdigest()
+    return None
 
 
 def _read(path):
@@ -97,8 +132,28 @@ class ImportSystem:
         except metadata.PackageNotFoundError:
             return None
 
+    def version_source(self, dist):
+        """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
+        from importlib import metadata
+
+        try:
+            return _metadata_file(metadata.distribution(dist))
+        except metadata.PackageNotFoundError:
+            return None
+
     def describe(self):
         return self.label
+
+
+def _metadata_file(distribution):
+    base = getattr(distribution, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
+    if base is None:
+        return None
+    for name in ("METADATA", "PKG-INFO"):
+        path = os.path.join(str(base), name)
+        if os.path.isfile(path):
+            return path, _sha256_file(path)
+    return None
 
 
 def _path_spec(name, path):
@@ -163,51 +218,108 @@ def _metadata_version(text):
 
 class ZipReader:
     """Modules inside a zip archive (a wheel), read without unpacking or installing it.
-    ``archive`` is a ``zipfile.ZipFile`` (over a local file or any seekable file object)."""
+    ``archive`` is a ``zipfile.ZipFile`` (over a local file or any seekable file object).
+    Modules are looked for at ``root`` and, for a wheel, in its ``<name>.data/purelib`` and
+    ``platlib`` folders, where an installer would take them from."""
 
     def __init__(self, archive, label, root=""):
         self.archive, self.label, self.root = archive, label, root
         self.names = set(archive.namelist())
+        self.roots = [root]
+        if not root:
+            data = sorted({n.split("/", 1)[0] for n in self.names if n.split("/", 1)[0].endswith(".data")})
+            self.roots += ["%s/%s/" % (d, kind) for d in data for kind in ("purelib", "platlib")]
+        self.errors = []  # members that could not be read (a corrupt archive)
+        self._archive_sha256 = None
+        self._dirs = set()  # every folder of the archive, for namespace packages
+        self._metadata = {}  # normalised distribution name (from the folder) -> its METADATA members
+        for member in self.names:
+            parts = member.split("/")
+            for depth in range(1, len(parts)):
+                self._dirs.add("/".join(parts[:depth]))
+            if len(parts) == 2 and parts[1] == "METADATA" and parts[0].endswith(".dist-info"):
+                folder = _normal(parts[0][: -len(".dist-info")].rsplit("-", 1)[0])  # name-version
+                self._metadata.setdefault(folder, []).append(member)
+        self._versions = {}
 
     def _member(self, name):
-        base = self.root + name.replace(".", "/")
-        for candidate in (base + ".py", base + "/__init__.py"):
-            if candidate in self.names:
-                return candidate, True
-        for candidate in (base + ".pyc", base + "/__init__.pyc"):
-            if candidate in self.names:
-                return candidate, False
-        if any(n.startswith(base + "/") for n in self.names):
-            return base + "/", False  # a directory without __init__: a namespace package
+        for root in self.roots:
+            base = root + name.replace(".", "/")
+            for candidate in (base + ".py", base + "/__init__.py"):
+                if candidate in self.names:
+                    return candidate, True
+            for candidate in (base + ".pyc", base + "/__init__.pyc"):
+                if candidate in self.names:
+                    return candidate, False
+            if base in self._dirs:
+                return base + "/", False  # a directory without __init__: a namespace package
         return None, False
+
+    def _read_member(self, member):
+        import zlib
+        import zipfile
+
+        try:
+            return self.archive.read(member)
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError) as exc:
+            problem = "%s: cannot read %s: %s" % (self.label, member, exc)
+            self.errors.append(problem)
+            raise SourceError(problem) from exc
+
+    def provenance(self, found):
+        return {"archive": self.label, "archive_sha256": self.archive_sha256()}
+
+    def archive_sha256(self):
+        if self._archive_sha256 is None and getattr(self.archive, "filename", None) and os.path.isfile(
+                self.archive.filename):
+            self._archive_sha256 = _sha256_file(self.archive.filename)
+        return self._archive_sha256
 
     def find(self, name):
         member, has_source = self._member(name)
         if member is None:
             return None
         origin = "%s!/%s" % (self.label, member)
-        if not has_source:
+        if member.endswith("/"):
             return Found(name, origin, None)
+        raw = self._read_member(member)
+        sha = hashlib.sha256(raw).hexdigest()
+        if not has_source:
+            return Found(name, origin, None, sha)
         import io
-
-        raw = self.archive.read(member)
         import tokenize
 
-        text = tokenize.decode_source(raw) if hasattr(tokenize, "decode_source") else io.TextIOWrapper(
-            io.BytesIO(raw), encoding=tokenize.detect_encoding(io.BytesIO(raw).readline)[0]).read()
-        return Found(name, origin, text)
+        try:
+            text = tokenize.decode_source(raw) if hasattr(tokenize, "decode_source") else io.TextIOWrapper(
+                io.BytesIO(raw), encoding=tokenize.detect_encoding(io.BytesIO(raw).readline)[0]).read()
+        except (SyntaxError, UnicodeDecodeError, LookupError):
+            text = None  # undecodable: as a loader's get_source would fail, the shape cannot be read
+        return Found(name, origin, text, sha)
+
+    def _metadata_member(self, dist):
+        wanted = _normal(dist)
+        if wanted not in self._versions:
+            self._versions[wanted] = (None, None)
+            for member in sorted(self._metadata.get(wanted, ())):
+                name, version = _metadata_version(self._read_member(member).decode("utf-8", "replace"))
+                if name and _normal(name) == wanted:
+                    self._versions[wanted] = (member, version)
+                    break
+        return self._versions[wanted]
 
     def version(self, dist):
-        wanted = _normal(dist)
-        for member in sorted(self.names):
-            if member.endswith(".dist-info/METADATA") and member.count("/") == 1:
-                # "<name>-<version>.dist-info": the name is what precedes the last "-" before ".dist-info"
-                if _normal(member.split("/")[0][:-len(".dist-info")].rsplit("-", 1)[0]) != wanted:
-                    continue
-                name, version = _metadata_version(self.archive.read(member).decode("utf-8", "replace"))
-                if name and _normal(name) == wanted:
-                    return version
-        return None
+        return self._metadata_member(dist)[1]
+
+    def version_source(self, dist):
+        member, _ = self._metadata_member(dist)
+        if member is None:
+            return None
+        return "%s!/%s" % (self.label, member), hashlib.sha256(self._read_member(member)).hexdigest()
+
+    def distributions(self):
+        """``[(name, version)]`` of the wheel's own metadata."""
+        members = sorted(m for ms in self._metadata.values() for m in ms)
+        return [_metadata_version(self._read_member(m).decode("utf-8", "replace")) for m in members]
 
     def describe(self):
         return self.label
@@ -244,14 +356,131 @@ class PathReader(ImportSystem):
                 path = list(spec.submodule_search_locations)
         return spec
 
-    def version(self, dist):
+    def _distribution(self, dist):
         from importlib import metadata
+        from pathlib import Path
 
         wanted = _normal(dist)
         for found in metadata.distributions(path=self.paths):
             if _normal(found.metadata.get("Name") or "") == wanted:
-                return found.version
+                return found
+        for entry in self.paths:  # an unpacked sdist: PKG-INFO at its root
+            if os.path.isfile(os.path.join(entry, "PKG-INFO")):
+                found = metadata.PathDistribution(Path(entry))
+                if _normal(found.metadata.get("Name") or "") == wanted:
+                    return found
         return None
+
+    def version(self, dist):
+        found = self._distribution(dist)
+        return found.version if found is not None else None
+
+    def version_source(self, dist):
+        found = self._distribution(dist)
+        return _metadata_file(found) if found is not None else None
+
+
+class Composite:
+    """Several readers as one environment, in order: a module comes from the first reader
+    that has it, a distribution's version from the first that has that distribution (an
+    SGLang wheel and a FlashInfer wheel read together, as they would be installed)."""
+
+    def __init__(self, readers):
+        self.readers = list(readers)
+        self._owner = {}  # origin -> the reader it came from
+
+    @property
+    def errors(self):
+        return [e for r in self.readers for e in getattr(r, "errors", ())]
+
+    def find(self, name):
+        for r in self.readers:
+            found = r.find(name)
+            if found is not None:
+                self._owner[found.origin] = r
+                return found
+        return None
+
+    def version(self, dist):
+        for r in self.readers:
+            value = r.version(dist)
+            if value is not None:
+                return value
+        return None
+
+    def version_source(self, dist):
+        for r in self.readers:
+            if r.version(dist) is not None:
+                source = getattr(r, "version_source", None)
+                return source(dist) if source is not None else None
+        return None
+
+    def provenance(self, found):
+        owner = self._owner.get(found.origin)
+        return provenance_of(owner, found) if owner is not None else {}
+
+    def describe(self):
+        return " + ".join(r.describe() for r in self.readers)
+
+
+def provenance_of(r, found):
+    """Extra facts about where ``found`` came from (a wheel's own path and sha256)."""
+    extra = getattr(r, "provenance", None)
+    return extra(found) if extra is not None else {}
+
+
+def open_path(path):
+    """The reader for one ``flashfix doctor --path`` value: a wheel (read from the zip, never
+    unpacked), a site-packages folder (its ``.pth`` path lines included; ``import`` lines are
+    not run), an unpacked wheel or sdist, or a project checkout (``src/``, ``python/``
+    layouts). SourceError, saying why, for anything else."""
+    import zipfile
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise SourceError("%s: no such file or directory" % path)
+    if os.path.isdir(path):
+        return PathReader(_path_entries(path), label=path)
+    if not zipfile.is_zipfile(path):
+        if path.endswith(".whl"):
+            raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?)" % path)
+        raise SourceError("%s is neither a wheel (a .whl zip archive) nor a directory" % path)
+    try:
+        archive = zipfile.ZipFile(path)
+        r = ZipReader(archive, path)
+        dists = r.distributions()
+    except (zipfile.BadZipFile, OSError, EOFError, SourceError, ValueError) as exc:
+        raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?): %s" % (path, exc)) from exc
+    if not dists:
+        raise SourceError("%s is a zip archive but not a wheel: it has no <name>.dist-info/METADATA" % path)
+    return r
+
+
+def _path_entries(folder):
+    entries = [folder]
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise SourceError("%s cannot be listed: %s" % (folder, exc)) from exc
+    for name in names:  # a site-packages folder: the path lines of its .pth files, as site adds them
+        if not name.endswith(".pth"):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            entry = os.path.normpath(os.path.join(folder, line.rstrip()))
+            if os.path.isdir(entry) and entry not in entries:
+                entries.append(entry)
+    if any(os.path.isfile(os.path.join(folder, f)) for f in ("pyproject.toml", "setup.py", "setup.cfg")):
+        for sub in ("src", "python"):  # a project checkout whose packages live one level down
+            if os.path.isdir(os.path.join(folder, sub)):
+                entries.append(os.path.join(folder, sub))
+    return entries
 
 
 _current = contextvars.ContextVar("flashfix_reader", default=None)
@@ -276,9 +505,56 @@ class reading:
         _current.reset(self._token)
 
 
+_recording = contextvars.ContextVar("flashfix_recording", default=None)
+
+
+class recording:
+    """``with recording() as files:`` lists in ``files`` every module source and distribution
+    metadata read through ``find``/``version`` inside, with their sha256 (provenance)."""
+
+    def __enter__(self):
+        self.files = []
+        self._token = _recording.set(self.files)
+        return self.files
+
+    def __exit__(self, *exc):
+        _recording.reset(self._token)
+
+
+def _note(entry):
+    files = _recording.get()
+    if files is not None and entry not in files:
+        files.append(entry)
+
+
 def find(name):
-    return reader().find(name)
+    r = reader()
+    found = r.find(name)
+    if found is not None and _recording.get() is not None:
+        sha = _sha256_of(found)
+        if sha is not None:
+            entry = {"module": name, "file": found.origin, "sha256": sha}
+            entry.update(provenance_of(r, found))
+            _note(entry)
+    return found
 
 
 def version(dist):
-    return reader().version(dist)
+    r = reader()
+    value = r.version(dist)
+    if value is not None and _recording.get() is not None:
+        source = getattr(r, "version_source", None)
+        where = source(dist) if source is not None else None
+        if where is not None:
+            entry = {"distribution": dist, "version": value, "file": where[0], "sha256": where[1]}
+            if isinstance(r, (ZipReader, Composite)):
+                entry.update(_archive_of(r, where[0]))
+            _note(entry)
+    return value
+
+
+def _archive_of(r, origin):
+    for sub in getattr(r, "readers", [r]):
+        if isinstance(sub, ZipReader) and origin.startswith(sub.label + "!/"):
+            return {"archive": sub.label, "archive_sha256": sub.archive_sha256()}
+    return {}

@@ -8,9 +8,11 @@ decide from the same facts. Parsed trees live only while patches are being decid
 
 ``rewrite()`` is how a patch changes a line inside an engine function: the function's own
 source is parsed, recompiled unedited and compared with the loaded code object tree (if
-the source is not what was loaded, nothing is done), edited as an AST, and compiled to a
-new code object with the same name, line numbers, ``__future__`` flags, free variables,
-global bindings and name mangling. The caller swaps that code
+the source is not what was loaded, nothing is done), edited as an AST, written back as
+source text (the installed lines with only the changed statements replaced: ``_render``,
+the text ``flashfix diff`` prints) and compiled from that text to a new code object with
+the same name, line numbers, ``__future__`` flags, free variables, global bindings and
+name mangling. The caller swaps that code
 into the *existing* function object, so every reference to it, including ``from x import
 f`` copies in other modules, runs the fix, and the per-call cost is that of the fixed code.
 """
@@ -353,6 +355,19 @@ def rewrite(func, edit):
         )
     node = copy.deepcopy(original)
     edit(node)
-    with_marker = _compile(func, node, tree)
-    without = _compile(func, _strip_markers(copy.deepcopy(node)), tree)
+    rendered = render_edit(text, original, node, origin)  # compiled from the text ``flashfix diff`` shows
+    with_marker = _compile(func, rendered.tree(rendered.MARKED), tree)
+    without = _compile(func, rendered.tree(rendered.PLAIN), tree)
     return with_marker, without
+
+
+def render_edit(text, original, edited, origin=None):
+    """The function ``original`` (a def node of the module source ``text``) once edited into
+    ``edited``, as source text: a ``_render.Rendered``, with and without the marker. ``rewrite``
+    compiles from it and ``flashfix diff`` prints it. ShapeError if it cannot be written."""
+    from flashfix import _render
+
+    try:
+        return _render.render(text, original, edited, origin)
+    except _render.RenderError as exc:
+        raise ShapeError(str(exc)) from exc

@@ -1,0 +1,490 @@
+"""``flashfix diff``: the engine code as installed against the code flashfix runs once it applies.
+
+Nothing of the engine is imported: as for ``flashfix doctor``, the source is read through the
+current reader (this interpreter, ``--path`` or ``--python``) and each patch that the doctor
+says would apply is planned from that source alone:
+
+* a rewritten function (``_registry.rewrite``): the patch's own AST edit is run on the def
+  node read from the source, and ``_source.render_edit`` writes the result back as text: the
+  installed lines with only the changed statements replaced. That is the very text the
+  runtime compiles (``_source.rewrite`` compiles from ``render_edit``'s output), so the diff
+  printed is the code that runs. The one-time marker statement (``__flashfix_mark__``),
+  present until the rewritten code first runs, is named in the header; ``--marker`` shows
+  the code with it.
+* a replaced function or an added name (``_registry.SetAttr``): the replacement's source in
+  flashfix, and the installed function it delegates to, with file and lines.
+
+The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
+is the same edit made from source. ``PLANS`` holds one per patch; the edits are the patch
+modules' own module-level functions where they have them (``vllm_patch.edit_forward``, and
+``sglang_patch.edit_fp8_call`` / ``edit_vision_check`` / ``edit_autotune`` once that module
+exposes them); until then, for the SGLang patches, whose edits are closures inside ``prepare``,
+the plan repeats their AST steps with the module-level helpers of ``sglang_patch``. Either way
+a test compiles the printed result and compares it with the code the runtime swaps in, on the
+real releases, so a plan that drifted from its patch fails there.
+"""
+
+import ast
+import copy
+import difflib
+import inspect
+import sys
+
+from flashfix import _locate, _registry, _source
+from flashfix._source import ShapeError
+
+
+class Rewrite:
+    kind = "rewrite"
+
+    def __init__(self, patch_id, module, qualname, origin, text, rendered, site, edited):
+        self.patch_id, self.module, self.qualname = patch_id, module, qualname
+        self.origin, self.text, self.rendered, self.site = origin, text, rendered, site
+        self.edited = edited  # the def node after the edit (markers included)
+
+
+class Replace:
+    kind = "replace"
+
+    def __init__(self, module, owner, name, replacement, call, delegate):
+        self.module, self.owner, self.name = module, owner, name
+        self.replacement = replacement  # the flashfix function whose source is shown
+        self.call = call  # how the runtime builds the value, e.g. "prefill_factory(<original>, <module>)"
+        self.delegate = delegate  # Location of the installed function it calls, or None
+
+
+class AddName:
+    kind = "add-name"
+
+    def __init__(self, module, origin, name, value, defined):
+        self.module, self.origin, self.name, self.value, self.defined = module, origin, name, value, defined
+
+
+class Location:
+    def __init__(self, module, qualname, origin, first, last, text):
+        self.module, self.qualname, self.origin, self.first, self.last, self.text = (
+            module, qualname, origin, first, last, text)
+
+    def where(self):
+        return "%s lines %d-%d" % (self.origin, self.first, self.last)
+
+
+class PatchDiff:
+    def __init__(self, patch, verdict, reason, version):
+        self.patch, self.verdict, self.reason, self.version = patch, verdict, reason, version
+        self.changes, self.problem = [], None
+
+
+# --- reading definitions from source --------------------------------------------------------
+
+
+def _module(name):
+    found = _locate.find(name)
+    if found is None:
+        raise ShapeError("module %s not found" % name)
+    if found.text is None:
+        raise ShapeError("module %s has no source (%s)" % (name, found.origin))
+    return found, _source.parse_text(found.text, found.origin)
+
+
+def _lines_of(text, first, last):
+    return "".join(_lines(text)[first - 1:last])
+
+
+def _lines(text):
+    import re
+
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def locate(module, qualname):
+    """Where ``module``'s ``qualname`` (a function or class) is defined, from source."""
+    found, tree = _module(module)
+    node = _source.find_def(tree, qualname)
+    if node is None:
+        raise ShapeError("%s has no %s" % (module, qualname))
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return Location(module, qualname, found.origin, first, node.end_lineno,
+                    _lines_of(found.text, first, node.end_lineno))
+
+
+def _top_names(tree):
+    """Names bound at a module's top level (also inside if/try/with), and its star imports."""
+    names, stars, stack = set(), [], list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    stars.append(node)
+                else:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                stack.extend(getattr(node, field, None) or ())
+    return names, stars
+
+
+def _resolve(module, node):
+    if not node.level:
+        return node.module
+    package = module.split(".")
+    found = _locate.find(module)
+    is_package = found is not None and found.origin and found.origin.replace("\\", "/").endswith("/__init__.py")
+    base = package if is_package else package[:-1]
+    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def binds(module, name, depth=0):
+    """Does ``module`` (read from source) bind ``name`` at its top level, directly or
+    through ``from x import *``? What ``hasattr(module, name)`` would say once imported."""
+    try:
+        _, tree = _module(module)
+    except ShapeError:
+        return False
+    names, stars = _top_names(tree)
+    if name in names:
+        return True
+    if depth < 5:
+        return any(binds(_resolve(module, star), name, depth + 1) for star in stars)
+    return False
+
+
+def definition(module, name, depth=0):
+    """Location of the def/class that ``module``'s global ``name`` is, following
+    ``from x import name`` re-exports; None if it cannot be told from source."""
+    try:
+        found, tree = _module(module)
+    except ShapeError:
+        return None
+    node = _source.find_def(tree, name)
+    if node is not None:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+        return Location(module, name, found.origin, first, node.end_lineno, "")
+    if depth >= 5:
+        return None
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if (alias.asname or alias.name) == name and alias.name != "*":
+                    source = _resolve(module, stmt)
+                    sub = "%s.%s" % (source, alias.name)
+                    if _locate.find(sub) is not None:  # ``from pkg import submodule``
+                        return None
+                    return definition(source, alias.name, depth + 1)
+    return None
+
+
+# --- plans: each patch's changes, made from source ----------------------------------------
+
+
+class Planner:
+    """What a plan uses to describe a patch's changes from the source read."""
+
+    def __init__(self, patch_id):
+        self.patch_id = patch_id
+        self.changes = []
+
+    def rewrite(self, module, qualname, edit):
+        """``edit(def_node, mark)`` on ``module``'s ``qualname``, as ``_registry.rewrite``
+        runs it on the imported function (same marker site)."""
+        found, tree = _module(module)
+        node = _source.find_def(tree, qualname)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raise ShapeError("%s has no function %s" % (module, qualname))
+        site = "%s:%s" % (self.patch_id, qualname)
+        edited = copy.deepcopy(node)
+        edit(edited, _source.marker(site))
+        rendered = _source.render_edit(found.text, node, edited, found.origin)
+        change = Rewrite(self.patch_id, module, qualname, found.origin, found.text, rendered, site, edited)
+        self.changes.append(change)
+        return change
+
+    def replace(self, module, owner, name, replacement, call, delegate=None):
+        where = locate(module, delegate) if delegate else None
+        self.changes.append(Replace(module, owner, name, replacement, call, where))
+
+    def add_name(self, module, name, from_module, from_name):
+        found = _locate.find(module)
+        self.changes.append(AddName(module, found.origin if found else module, name,
+                                    "%s.%s" % (from_module, from_name), definition(from_module, from_name)))
+
+
+def _plan_vllm(plan):
+    from flashfix import vllm_patch as v
+
+    if not binds("flashinfer", v.SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
+        raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
+                         % v.SINK_WRAPPER)
+    plan.add_name(v.TARGET, v.SINK_WRAPPER, "flashinfer", v.SINK_WRAPPER)  # part C
+    plan.replace(v.TARGET, v.BUILDER, "_get_prefill_wrapper", v.prefill_factory,  # part A
+                 "prefill_factory(<the installed %s>, <module %s>)" % (v.FACTORY, v.TARGET), delegate=v.FACTORY)
+    plan.rewrite(v.TARGET, v.FORWARD, v.edit_forward)  # part B
+
+
+def _fp8_edit(func_def, mark):
+    """The edit of ``sglang_patch._fp8_prepare``, step for step (see the module docstring)."""
+    from flashfix import sglang_patch as s
+
+    call, shape = s._fp8_site(func_def)
+    if shape.kind != _registry.BUGGY:
+        raise ShapeError(shape.reason)
+    for name in ("k_scale", "v_scale"):
+        value = ast.parse("layer.%s_float" % name, mode="eval").body
+        call.keywords.append(ast.keyword(arg=name, value=value))
+    _source.insert_before(func_def, call, mark)
+
+
+def _plan_fp8(plan):
+    from flashfix import sglang_patch as s
+
+    plan.rewrite(s.FLASHINFER_BACKEND, "FlashInferAttnBackend.forward_extend", getattr(s, "edit_fp8_call", _fp8_edit))
+
+
+def _vision_edit(func_def, mark):
+    """The edit of ``sglang_patch._vision_prepare``, step for step."""
+    from flashfix import sglang_patch as s
+
+    call, shape = s._vision_site(func_def)
+    if shape.kind != _registry.BUGGY:
+        raise ShapeError(shape.reason)
+    fetch = ast.Call(ast.Name("getattr", ast.Load()), [call.args[0], ast.Constant("vision_config"),
+                                                      ast.Constant(None)], [])
+    _source.replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
+    _source.insert_before(func_def, fetch, mark)
+
+
+def _plan_vision(plan):
+    from flashfix import sglang_patch as s
+
+    plan.rewrite(s.MODEL_CONFIG, "ModelConfig.__init__", getattr(s, "edit_vision_check", _vision_edit))
+
+
+def _plan_autotune(plan):
+    """The changes of ``sglang_patch._autotune_changes``, with its checks on the imported
+    modules (``hasattr``, the function's globals) asked of the source instead."""
+    from flashfix import sglang_patch as s
+
+    modname, qualname, _, shape = s._autotune_locate(_source.module_ast)
+    if shape.kind != _registry.BUGGY:
+        raise ShapeError(shape.reason)
+    if not binds("sglang.srt.utils", "is_sm120_supported"):
+        raise ShapeError("sglang.srt.utils has no is_sm120_supported")
+    add_global = []
+
+    def edit(func_def, mark):
+        found, site_shape = s._autotune_site(func_def)
+        if site_shape.kind != _registry.BUGGY:
+            raise ShapeError(site_shape.reason)
+        call, _ = found
+        either = ast.BoolOp(op=ast.Or(), values=[call, ast.Call(ast.Name("is_sm120_supported", ast.Load()), [], [])])
+        _source.replace_node(func_def, call, either)
+        local = s._local_import_of(func_def, "is_sm100_supported")
+        if local is not None:
+            if local.level or not local.module or not binds(local.module, "is_sm120_supported"):
+                raise ShapeError("is_sm100_supported is imported from %s%s, which has no is_sm120_supported"
+                                 % ("." * local.level, local.module or ""))
+            if s._local_import_of(func_def, "is_sm120_supported") is None:
+                local.names.append(ast.alias(name="is_sm120_supported"))
+        elif not binds(modname, "is_sm100_supported"):
+            raise ShapeError("is_sm100_supported is neither imported in %s nor a global of %s" % (qualname, modname))
+        elif not binds(modname, "is_sm120_supported"):
+            add_global.append(True)
+        _source.insert_before(func_def, either, mark)
+
+    shared = getattr(s, "edit_autotune", None)  # the patch module's own edit, once it exposes it
+    if shared is not None:
+        def edit(func_def, mark):  # noqa: F811
+            add_global.extend(shared(func_def, mark, binds, lambda name: binds(modname, name)))
+
+    planned = Planner(plan.patch_id)
+    planned.rewrite(modname, qualname, edit)
+    if add_global:  # the runtime's order: the global first, then the code swap
+        plan.add_name(modname, "is_sm120_supported", "sglang.srt.utils", "is_sm120_supported")
+    plan.changes.extend(planned.changes)
+
+
+def _plan_flashinfer(plan):
+    from flashfix import flashinfer_patch as f
+
+    if not binds("flashinfer.attention", f.SINK_CLASS):
+        raise ShapeError("flashinfer.attention has no %s" % f.SINK_CLASS)
+    plan.replace("flashinfer.prefill", f.PARENT_CLASS, "__init__", f._wrap_init,
+                 "_wrap_init(<the installed %s.__init__>, %s)" % (f.PARENT_CLASS, f.SINK_CLASS),
+                 delegate="%s.__init__" % f.PARENT_CLASS)
+
+
+PLANS = {
+    "vllm-sink-prefill": _plan_vllm,
+    "sglang-fp8-kv-scales": _plan_fp8,
+    "sglang-sm120-fp8-autotune": _plan_autotune,
+    "sglang-vision-config": _plan_vision,
+    "flashinfer-sink-jit-name": _plan_flashinfer,
+}
+
+
+def plan(ids=None, reader=None):
+    """One ``PatchDiff`` per patch (those named, else all), planned from the source read."""
+    if reader is not None:
+        with _locate.reading(reader):
+            return plan(ids)
+    from flashfix import _doctor
+
+    rows, _ = _doctor.diagnose()
+    patches = {p.id: p for p in _registry.load_all()}
+    out = []
+    for row in rows:
+        if ids and row["id"] not in ids:
+            continue
+        result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
+        out.append(result)
+        if row["verdict"] != "patch":
+            continue
+        planner = PLANS.get(row["id"])
+        if planner is None:
+            result.problem = "no source-only plan for this patch in flashfix._diff.PLANS: its code cannot be shown"
+            continue
+        recorder = Planner(row["id"])
+        try:
+            planner(recorder)
+        except ShapeError as exc:
+            result.problem = "would not apply: %s" % exc
+        else:
+            result.changes = recorder.changes
+        finally:
+            _source.forget()
+    return out
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _file_diff(text, rendered, version):
+    """Unified diff of the installed file against it with the function's lines replaced by
+    ``rendered.text(version)``: hunk line numbers are the installed file's."""
+    lines = _lines(text)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    end = rendered.start + len(_lines(rendered.before)) - 1
+    after = lines[: rendered.start - 1] + _lines(rendered.text(version)) + lines[end:]
+    return difflib.unified_diff(lines, after, rendered.origin, "%s (as flashfix runs it)" % rendered.origin, n=3)
+
+
+def _marker_lines(rendered):
+    """``[(marker line text, installed line it reports as)]``."""
+    plain = set(_lines(rendered.text(rendered.PLAIN)))
+    out = []
+    for line, at in zip(_lines(rendered.text(rendered.MARKED)), rendered.line_map(rendered.MARKED)):
+        if _source.MARK_NAME in line and line not in plain:
+            out.append((line.strip(), at))
+    return out
+
+
+def _replacement_source(func):
+    try:
+        lines, first = inspect.getsourcelines(func)
+    except (OSError, TypeError):
+        return None, None, None
+    return inspect.getsourcefile(func), first, lines
+
+
+def write(diffs, out, marker=False):
+    problems = 0
+    for result in diffs:
+        patch = result.patch
+        head = "%s (%s %s)" % (patch.id, patch.engine, result.version or "-")
+        if result.verdict != "patch":
+            out.write("%s: not applied: %s: %s\n" % (head, result.verdict, result.reason))
+            continue
+        if result.problem:
+            problems += 1
+            out.write("%s: %s\n" % (head, result.problem))
+            continue
+        out.write("=" * 100 + "\n")
+        out.write("%s: applies (%s); %d change%s, %s\n" % (head, result.reason, len(result.changes),
+                                                          "" if len(result.changes) == 1 else "s", patch.upstream))
+        for change in result.changes:
+            out.write("\n")
+            if change.kind == "rewrite":
+                _write_rewrite(change, out, marker)
+            elif change.kind == "replace":
+                _write_replace(change, out)
+            else:
+                _write_add_name(change, out)
+    return problems
+
+
+def _write_rewrite(change, out, marker):
+    rendered = change.rendered
+    out.write("# %s.%s: recompiled from the text below and swapped into the existing function object\n"
+              % (change.module, change.qualname))
+    marks = _marker_lines(rendered)
+    if marks and not marker:
+        for text, at in marks:
+            out.write("# until its first run it also runs one marker line, `%s`, reported as installed line %d;\n"
+                      "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
+                      " shows it)\n" % (text, at))
+    if marks and marker:
+        for text, at in marks:
+            out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that the\n"
+                      "# fix ran (status()['ran']) at the first run, then the same code without that line is swapped in\n"
+                      % (text, at))
+    if rendered.whole:
+        out.write("# the function is written whole by ast.unparse (a line-level splice could not express the edit)\n")
+    version = rendered.MARKED if marker else rendered.PLAIN
+    out.writelines(_file_diff(change.text, rendered, version))
+
+
+def _write_replace(change, out):
+    file, first, lines = _replacement_source(change.replacement)
+    out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
+              % (change.module, change.owner, change.name, change.call))
+    if change.delegate is not None:
+        out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not handle\n"
+                  % (change.delegate.qualname, change.delegate.where()))
+    if lines is None:
+        out.write("# (the source of %r is not available)\n" % (change.replacement,))
+        return
+    last = first + len(lines) - 1
+    out.write("--- %s.%s.%s (installed: %s)\n" % (change.module, change.owner, change.name,
+                                                  change.delegate.where() if change.delegate else "-"))
+    out.write("+++ %s lines %d-%d\n" % (file, first, last))
+    out.write("@@ -0,0 +%d,%d @@\n" % (first, len(lines)))
+    out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
+
+
+def _write_add_name(change, out):
+    where = change.defined.origin + " line %d" % change.defined.first if change.defined else "its source not found"
+    out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
+              % (change.module, change.name, change.value, where))
+    out.write("--- %s (module globals, installed)\n" % change.origin)
+    out.write("+++ %s (module globals, as flashfix runs it)\n" % change.origin)
+    out.write("@@ globals @@\n")
+    out.write("+%s = %s\n" % (change.name, change.value))
+
+
+def run(ids=None, reader=None, marker=False, out=None):
+    """``flashfix diff``: 0 when every patch named could be shown, 1 when one that would
+    apply cannot be planned from source, 2 for an unknown id."""
+    out = out or sys.stdout
+    known = [p.id for p in _registry.load_all()]
+    unknown = [i for i in ids or () if i not in known]
+    if unknown:
+        sys.stderr.write("flashfix diff: unknown patch id(s) %s; valid: %s\n" % (", ".join(unknown), ", ".join(known)))
+        return 2
+    diffs = plan(ids, reader)
+    errors = list(getattr(reader, "errors", None) or ())
+    if errors:
+        for problem in errors:
+            sys.stderr.write("flashfix diff: %s\n" % problem)
+        return 2
+    if reader is not None:
+        out.write("environment read: %s\n" % reader.describe())
+    return 1 if write(diffs, out, marker) else 0

@@ -1,0 +1,144 @@
+"""Runs inside one real engine environment (tests/engine_env.py), in one process; reports with
+``FLASHFIX_RESULT=<json>`` lines and tests/test_vet_real.py makes the assertions.
+
+1. ``flashfix diff`` is computed with nothing of the engine imported (the plan, and the text
+   printed with and without the marker).
+2. The engine's target modules are imported with flashfix active: the runtime applies its
+   patches from the imported modules, as in production.
+3. Each change the runtime made is set against what the diff showed: for a rewritten
+   function, the "after" side of the printed unified diff (rebuilt by applying its hunks to
+   the installed file) is compiled and compared with the code swapped in, code object tree
+   against code object tree (``_source.code_difference``), for the marker-free code and for
+   the code with the marker; the swapped code's line and column positions are compared with
+   those of the rendered text, which shows that the runtime compiled that very text. For a
+   replaced function and an added name, the value set is compared with the flashfix
+   function and the installed definitions the diff named.
+
+``VET_MODE``: ``installed`` (the environment's engine as it is) or ``vllm-prefix`` (the vLLM
+pre-fix shape derived from 0.28.0 served under the real module name, tests/vllm_prefix_shape.py).
+"""
+
+import ast
+import copy
+import importlib
+import inspect
+import io
+import json
+import os
+import sys
+import tempfile
+
+TESTS = os.environ["VET_TESTS"]  # run with ``python -c``: no __file__
+sys.path.insert(0, TESTS)
+
+import vet_helpers  # noqa: E402
+from flashfix import _diff, _registry, _render, _source  # noqa: E402
+
+HEAVY = ("torch", "vllm", "sglang", "flashinfer")
+
+
+def report(key, value):
+    print("FLASHFIX_RESULT=" + json.dumps({key: value}, default=repr), flush=True)
+
+
+mode = os.environ.get("VET_MODE", "installed")
+if mode == "vllm-prefix":
+    import vllm_prefix_shape
+
+    TARGET = "vllm.v1.attention.backends.flashinfer"
+    prefix_path = vllm_prefix_shape.install_prefix_module(tempfile.mkdtemp(), _source.module_file(TARGET))
+    report("prefix_path", prefix_path)
+
+# --- 1. the diff, from source only ----------------------------------------------------------
+plans = _diff.plan()
+printed = {}
+for marker in (False, True):
+    buffer = io.StringIO()
+    _diff.write(plans, buffer, marker=marker)
+    printed[marker] = buffer.getvalue()
+report("diff", {
+    "heavy": sorted(m for m in HEAVY if m in sys.modules),
+    "text": printed[False],
+    "plans": {p.patch.id: {"verdict": p.verdict, "problem": p.problem, "kinds": [c.kind for c in p.changes]}
+              for p in plans},
+})
+
+# --- 2. the runtime, from the imported engine -----------------------------------------------
+import flashfix  # noqa: E402
+
+for result in plans:
+    for change in result.changes:
+        importlib.import_module(change.module)
+    for target in _registry.targets_of(result.patch) if result.changes else ():
+        importlib.import_module(target)
+states = {row["id"]: row["state"] for row in flashfix.status()}
+report("states", states)
+
+
+# --- 3. the diff against what the runtime swapped in -----------------------------------------
+def positions(code):
+    out = list(code.co_positions()) if hasattr(code, "co_positions") else list(code.co_lines())
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            out.append(positions(const))
+    return out
+
+
+def printed_rewrites(text):
+    return [hunks for old, new, hunks in vet_helpers.file_diffs(text) if new.endswith(" (as flashfix runs it)")]
+
+
+sections = {marker: printed_rewrites(printed[marker]) for marker in (False, True)}
+section_index = -1
+checks = {}
+for result in plans:
+    runtime = _registry._records[result.patch.id]["changes"]
+    rows = []
+    for index, change in enumerate(result.changes):
+        done = runtime[index] if index < len(runtime) else None
+        row = {"kind": change.kind, "runtime": type(done).__name__}
+        if change.kind == "rewrite":
+            section_index += 1
+            if done is None:
+                rows.append(row)
+                continue
+            func = done.func
+            module_text, origin = _source.function_source(func)
+            tree = _source.parse_text(module_text, origin)
+            row["qualname"] = [change.qualname, func.__qualname__]
+            row["same_file_text"] = module_text == change.text and origin == change.origin
+            row["site"] = [change.site, done.site]
+            for marker, code in ((False, done.plain), (True, done.marked)):
+                after = vet_helpers.apply_unified_diff(change.text, sections[marker][section_index])
+                node = _source.find_def(ast.parse(after), change.qualname)
+                compiled = _source._compile(func, node, tree)
+                key = "marked" if marker else "plain"
+                row["diff_equals_" + key] = _source.code_difference(compiled, code)
+                version = _render.MARKED if marker else _render.PLAIN
+                from_text = _source._compile(func, change.rendered.tree(version), tree)
+                row["positions_equal_" + key] = positions(from_text) == positions(code)
+                row["marker_in_" + key] = _source.MARK_NAME in code.co_names
+            # the edited AST compiled directly (how the code was built before _render): its
+            # positions differ from the swapped code's, so the positions check above can tell
+            straight = _source._compile(func, _source._strip_markers(copy.deepcopy(change.edited)), tree)
+            row["ast_positions_differ"] = positions(straight) != positions(done.plain)
+        elif done is None:
+            pass
+        elif change.kind == "replace":
+            value = done.value
+            inner = [c for c in change.replacement.__code__.co_consts if isinstance(c, type(value.__code__))]
+            row["owner"] = [change.owner, getattr(done.owner, "__name__", None)]
+            row["name"] = [change.name, done.name]
+            row["value_is_replacement"] = value.__code__ in inner and (
+                value.__code__.co_filename == inspect.getsourcefile(change.replacement))
+            old = done.old
+            row["delegate"] = [change.delegate.origin, change.delegate.first, change.delegate.last,
+                               old.__code__.co_filename, old.__code__.co_firstlineno]
+        else:
+            row["module"] = [change.module, getattr(done.owner, "__name__", None)]
+            row["name"] = [change.name, done.name]
+            row["defined"] = [change.defined.origin, change.defined.first,
+                              inspect.getsourcefile(done.value), inspect.getsourcelines(done.value)[1]]
+        rows.append(row)
+    checks[result.patch.id] = {"planned": len(result.changes), "runtime": len(runtime), "rows": rows}
+report("checks", checks)

@@ -1,0 +1,165 @@
+"""Helpers for the ``flashfix doctor --path/--python`` and ``flashfix diff`` tests (tests/test_vet*.py).
+
+* ``wheel(requirement)``: a released wheel from PyPI, downloaded once into
+  ``$FLASHFIX_WHEEL_CACHE`` (default ``~/.cache/flashfix-wheels``) with ``pip download
+  --no-deps`` (the system ``python3``'s pip: the test virtual environment that uv makes has
+  none), so a clean machine fetches what it needs and reruns are fast.
+* ``cli(...)``: ``python -m flashfix`` from this checkout, in a fresh process.
+* ``doctor_inside(python, pythonpath)``: ``python -m flashfix doctor --json`` run inside an
+  environment, flashfix importable from this checkout: what the outside views must equal.
+* ``write_prefix_tree``: a source tree holding the vLLM pre-fix shape derived from 0.28.0.
+* ``apply_unified_diff``: the "after" side of a printed unified diff, rebuilt from the
+  installed file and the hunks, so a test compiles exactly what ``flashfix diff`` printed.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+
+def wheel_cache():
+    return Path(os.environ.get("FLASHFIX_WHEEL_CACHE", Path.home() / ".cache" / "flashfix-wheels"))
+
+
+def _pip_python():
+    for candidate in (sys.executable, shutil.which("python3")):
+        if candidate and subprocess.run([candidate, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+            return candidate
+    raise RuntimeError("no interpreter with pip to download wheels with (python3 -m pip)")
+
+
+def wheel(requirement):
+    """The path of the released wheel of ``requirement`` (``name==version``), downloaded once."""
+    name, version = requirement.split("==")
+    cache = wheel_cache()
+    stem = re.sub(r"[-_.]+", "_", name).lower()
+    pattern = str(cache / ("%s-%s-*.whl" % (stem, version)))
+    found = glob.glob(pattern)
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([_pip_python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--disable-pip-version-check", requirement, "-d", str(cache)], check=True)
+        found = glob.glob(pattern)
+    assert len(found) == 1, (requirement, found)
+    return Path(found[0])
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra or {})
+    return env
+
+
+def cli(*args, python=sys.executable, env=None, timeout=300):
+    """``python -m flashfix ARGS`` from this checkout: the completed process."""
+    return subprocess.run([str(python), "-m", "flashfix", *map(str, args)], capture_output=True, text=True,
+                          env=clean_env(env), timeout=timeout, cwd=str(REPO))
+
+
+def doctor_json(*args, python=sys.executable):
+    proc = cli("doctor", "--json", *args, python=python)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def doctor_inside(python, pythonpath=None):
+    """``flashfix doctor --json`` run inside the environment of ``python`` (extra path entries
+    ``pythonpath`` after this checkout)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO)] + [str(p) for p in pythonpath or ()])}
+    proc = cli("doctor", "--json", python=python, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def verdicts(rows):
+    """The rows without their provenance (whose file names differ between views)."""
+    return [{k: v for k, v in row.items() if k != "sources"} for row in rows]
+
+
+def digests(rows):
+    """``{(id, module or distribution): sha256}``: what each verdict was read from, by content."""
+    out = {}
+    for row in rows:
+        for source in row["sources"]:
+            key = source.get("module") or "dist:" + source["distribution"]
+            out[(row["id"], key)] = source["sha256"]
+    return out
+
+
+def site_packages(python):
+    (found,) = glob.glob(str(Path(python).parent.parent / "lib" / "python*" / "site-packages"))
+    return Path(found)
+
+
+def write_prefix_tree(dest, fixed_path, version="0.27.2.dev41+g0123abc"):
+    """A source tree with the vLLM pre-fix shape of the FlashInfer backend (derived from the
+    0.28.0 file by tests/vllm_prefix_shape.py), its parent packages and a dist-info."""
+    sys.path.insert(0, str(TESTS))
+    import vllm_prefix_shape
+
+    dest = Path(dest)
+    backends = dest / "vllm" / "v1" / "attention" / "backends"
+    backends.mkdir(parents=True, exist_ok=True)
+    for folder in (dest / "vllm", dest / "vllm" / "v1", dest / "vllm" / "v1" / "attention", backends):
+        (folder / "__init__.py").write_text("")
+    (backends / "flashinfer.py").write_text(vllm_prefix_shape.derive_prefix_source(Path(fixed_path).read_text()))
+    info = dest / ("vllm-%s.dist-info" % version)
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % version)
+    return dest
+
+
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def file_diffs(text):
+    """``[(old name, new name, [hunk lines])]`` of the unified diffs in ``text`` (other lines skipped)."""
+    out, lines, i = [], text.splitlines(keepends=True), 0
+    while i < len(lines):
+        if lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ") \
+                and i + 2 < len(lines) and HUNK.match(lines[i + 2]):
+            old, new = lines[i][4:].rstrip("\n"), lines[i + 1][4:].rstrip("\n")
+            i += 2
+            body = []
+            while i < len(lines) and (HUNK.match(lines[i]) or lines[i][:1] in (" ", "+", "-")) \
+                    and not lines[i].startswith("--- "):
+                body.append(lines[i])
+                i += 1
+            out.append((old, new, body))
+        else:
+            i += 1
+    return out
+
+
+def apply_unified_diff(original, hunks):
+    """``original`` (text) with ``hunks`` (lines of one file's unified diff) applied; every
+    context and removed line must match the original where the hunk says."""
+    old = original.splitlines(keepends=True)
+    new, position, i = [], 0, 0
+    while i < len(hunks):
+        match = HUNK.match(hunks[i])
+        assert match, hunks[i]
+        start = int(match.group(1)) - 1
+        new.extend(old[position:start])
+        position = start
+        i += 1
+        while i < len(hunks) and not HUNK.match(hunks[i]):
+            tag, line = hunks[i][0], hunks[i][1:]
+            if tag in (" ", "-"):
+                assert old[position] == line, (position + 1, old[position], line)
+                position += 1
+            if tag in (" ", "+"):
+                new.append(line)
+            i += 1
+    new.extend(old[position:])
+    return "".join(new)
