@@ -16,11 +16,9 @@ says would apply is planned from that source alone:
 
 The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
 is the same edit made from source. ``PLANS`` holds one per patch; the edits are the patch
-modules' own module-level functions where they have them (``vllm_patch.edit_forward``, and
-``sglang_patch.edit_fp8_call`` / ``edit_vision_check`` / ``edit_autotune`` once that module
-exposes them); until then, for the SGLang patches, whose edits are closures inside ``prepare``,
-the plan repeats their AST steps with the module-level helpers of ``sglang_patch``. Either way
-a test compiles the printed result and compares it with the code the runtime swaps in, on the
+modules' own module-level functions (``vllm_patch.edit_factory`` / ``edit_forward``,
+``sglang_patch._fp8_edit`` / ``_vision_edit`` / ``_autotune_edit``), their questions about the
+imported modules asked of the source instead. A test compiles the printed result and compares it with the code the runtime swaps in, on the
 real releases, so a plan that drifted from its patch fails there.
 """
 
@@ -223,48 +221,24 @@ def _plan_vllm(plan):
     if not binds("flashinfer", v.SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
         raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
                          % v.SINK_WRAPPER)
+    gpus = v.sink_gpu_test(_source.find_def(_source.module_ast(v.TARGET), v.SUPPORTS_SINK))
+    if gpus is None:
+        raise ShapeError("%s admits no GPU with a generic prefill" % v.SUPPORTS_SINK)
     plan.add_name(v.TARGET, v.SINK_WRAPPER, "flashinfer", v.SINK_WRAPPER)  # part C
-    plan.replace(v.TARGET, v.BUILDER, "_get_prefill_wrapper", v.prefill_factory,  # part A
-                 "prefill_factory(<the installed %s>, <module %s>)" % (v.FACTORY, v.TARGET), delegate=v.FACTORY)
+    plan.rewrite(v.TARGET, v.FACTORY, v.edit_factory(gpus))  # part A
     plan.rewrite(v.TARGET, v.FORWARD, v.edit_forward)  # part B
-
-
-def _fp8_edit(func_def, mark):
-    """The edit of ``sglang_patch._fp8_prepare``, step for step (see the module docstring)."""
-    from flashfix import sglang_patch as s
-
-    call, shape = s._fp8_site(func_def)
-    if shape.kind != _registry.BUGGY:
-        raise ShapeError(shape.reason)
-    for name in ("k_scale", "v_scale"):
-        value = ast.parse("layer.%s_float" % name, mode="eval").body
-        call.keywords.append(ast.keyword(arg=name, value=value))
-    _source.insert_before(func_def, call, mark)
 
 
 def _plan_fp8(plan):
     from flashfix import sglang_patch as s
 
-    plan.rewrite(s.FLASHINFER_BACKEND, "FlashInferAttnBackend.forward_extend", getattr(s, "edit_fp8_call", _fp8_edit))
-
-
-def _vision_edit(func_def, mark):
-    """The edit of ``sglang_patch._vision_prepare``, step for step."""
-    from flashfix import sglang_patch as s
-
-    call, shape = s._vision_site(func_def)
-    if shape.kind != _registry.BUGGY:
-        raise ShapeError(shape.reason)
-    fetch = ast.Call(ast.Name("getattr", ast.Load()), [call.args[0], ast.Constant("vision_config"),
-                                                      ast.Constant(None)], [])
-    _source.replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
-    _source.insert_before(func_def, fetch, mark)
+    plan.rewrite(s.FLASHINFER_BACKEND, "FlashInferAttnBackend.forward_extend", s._fp8_edit)
 
 
 def _plan_vision(plan):
     from flashfix import sglang_patch as s
 
-    plan.rewrite(s.MODEL_CONFIG, "ModelConfig.__init__", getattr(s, "edit_vision_check", _vision_edit))
+    plan.rewrite(s.MODEL_CONFIG, "ModelConfig.__init__", s._vision_edit)
 
 
 def _plan_autotune(plan):
@@ -279,30 +253,8 @@ def _plan_autotune(plan):
         raise ShapeError("sglang.srt.utils has no is_sm120_supported")
     add_global = []
 
-    def edit(func_def, mark):
-        found, site_shape = s._autotune_site(func_def)
-        if site_shape.kind != _registry.BUGGY:
-            raise ShapeError(site_shape.reason)
-        call, _ = found
-        either = ast.BoolOp(op=ast.Or(), values=[call, ast.Call(ast.Name("is_sm120_supported", ast.Load()), [], [])])
-        _source.replace_node(func_def, call, either)
-        local = s._local_import_of(func_def, "is_sm100_supported")
-        if local is not None:
-            if local.level or not local.module or not binds(local.module, "is_sm120_supported"):
-                raise ShapeError("is_sm100_supported is imported from %s%s, which has no is_sm120_supported"
-                                 % ("." * local.level, local.module or ""))
-            if s._local_import_of(func_def, "is_sm120_supported") is None:
-                local.names.append(ast.alias(name="is_sm120_supported"))
-        elif not binds(modname, "is_sm100_supported"):
-            raise ShapeError("is_sm100_supported is neither imported in %s nor a global of %s" % (qualname, modname))
-        elif not binds(modname, "is_sm120_supported"):
-            add_global.append(True)
-        _source.insert_before(func_def, either, mark)
-
-    shared = getattr(s, "edit_autotune", None)  # the patch module's own edit, once it exposes it
-    if shared is not None:
-        def edit(func_def, mark):  # noqa: F811
-            add_global.extend(shared(func_def, mark, binds, lambda name: binds(modname, name)))
+    def edit(func_def, mark):  # the patch module's own edit, its questions asked of the source
+        add_global.extend(s._autotune_edit(func_def, mark, binds, lambda name: binds(modname, name)))
 
     planned = Planner(plan.patch_id)
     planned.rewrite(modname, qualname, edit)

@@ -359,6 +359,33 @@ def _autotune_prepare(modules):
     return _autotune_changes(_loaded(modname), qualname)
 
 
+def _autotune_edit(func_def, mark, binds, is_global):
+    """The edit of the decision (see the comment above); returns the names to add to the
+    module's globals. ``binds(module, name)``: that module has that name; ``is_global(name)``:
+    the decision's module has that global. The runtime answers them from the imported modules,
+    ``flashfix diff`` from the source."""
+    found, shape = _autotune_site(func_def)
+    if shape.kind != BUGGY:
+        raise ShapeError(shape.reason)
+    call, _ = found
+    either = ast.BoolOp(op=ast.Or(), values=[call, ast.Call(ast.Name("is_sm120_supported", ast.Load()), [], [])])
+    _source.replace_node(func_def, call, either)
+    added = []
+    local = _local_import_of(func_def, "is_sm100_supported")
+    if local is not None:
+        if local.level or not local.module or not binds(local.module, "is_sm120_supported"):
+            raise ShapeError("is_sm100_supported is imported from %s%s, which has no is_sm120_supported"
+                             % ("." * local.level, local.module or ""))
+        if _local_import_of(func_def, "is_sm120_supported") is None:
+            local.names.append(ast.alias(name="is_sm120_supported"))
+    elif not is_global("is_sm100_supported"):
+        raise ShapeError("is_sm100_supported is neither imported in %s nor a global of its module" % func_def.name)
+    elif not is_global("is_sm120_supported"):
+        added.append("is_sm120_supported")
+    _source.insert_before(func_def, either, mark)
+    return added
+
+
 def _autotune_changes(module, qualname):
     """The changes that fix the decision ``qualname`` of ``module`` (see the comment above)."""
     func = _function_at(module, qualname)
@@ -366,30 +393,14 @@ def _autotune_changes(module, qualname):
     sm120 = getattr(utils, "is_sm120_supported", None)
     if not callable(sm120):
         raise ShapeError("sglang.srt.utils has no is_sm120_supported")
-    changes = []
+    added = []
 
     def edit(func_def, mark):
-        found, shape = _autotune_site(func_def)
-        if shape.kind != BUGGY:
-            raise ShapeError(shape.reason)
-        call, _ = found
-        either = ast.BoolOp(op=ast.Or(), values=[call, ast.Call(ast.Name("is_sm120_supported", ast.Load()), [], [])])
-        _source.replace_node(func_def, call, either)
-        local = _local_import_of(func_def, "is_sm100_supported")
-        if local is not None:
-            if local.level or not local.module or not hasattr(_loaded(local.module), "is_sm120_supported"):
-                raise ShapeError("is_sm100_supported is imported from %s%s, which has no is_sm120_supported"
-                                 % ("." * local.level, local.module or ""))
-            if _local_import_of(func_def, "is_sm120_supported") is None:
-                local.names.append(ast.alias(name="is_sm120_supported"))
-        elif "is_sm100_supported" not in func.__globals__:
-            raise ShapeError("is_sm100_supported is neither imported in %s nor a global of %s" % (qualname, module.__name__))
-        elif "is_sm120_supported" not in func.__globals__:
-            changes.append(_registry.SetAttr(module, "is_sm120_supported", sm120))
-        _source.insert_before(func_def, either, mark)
+        added.extend(_autotune_edit(func_def, mark, lambda m, name: hasattr(_loaded(m), name),
+                                    lambda name: name in func.__globals__))
 
     swap = _registry.rewrite(func, edit, AUTOTUNE_ID)
-    return changes + [swap]
+    return [_registry.SetAttr(module, name, sm120) for name in added] + [swap]
 
 
 SM120_FP8_AUTOTUNE = Patch(
@@ -489,19 +500,21 @@ def _vision_probe(trees):
     return _vision_site(_source.find_def(tree, "ModelConfig.__init__"))[1]
 
 
+def _vision_edit(func_def, mark):
+    """The edit: ``hasattr(X, "vision_config")`` becomes ``getattr(X, "vision_config", None) is
+    not None`` (also used by ``flashfix diff``)."""
+    call, shape = _vision_site(func_def)
+    if shape.kind != BUGGY:
+        raise ShapeError(shape.reason)
+    fetch = ast.Call(ast.Name("getattr", ast.Load()), [call.args[0], ast.Constant("vision_config"),
+                                                      ast.Constant(None)], [])
+    _source.replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
+    _source.insert_before(func_def, fetch, mark)
+
+
 def _vision_prepare(modules):
     func = _function_at(modules[MODEL_CONFIG], "ModelConfig.__init__")
-
-    def edit(func_def, mark):
-        call, shape = _vision_site(func_def)
-        if shape.kind != BUGGY:
-            raise ShapeError(shape.reason)
-        fetch = ast.Call(ast.Name("getattr", ast.Load()), [call.args[0], ast.Constant("vision_config"),
-                                                          ast.Constant(None)], [])
-        _source.replace_node(func_def, call, ast.Compare(fetch, [ast.IsNot()], [ast.Constant(None)]))
-        _source.insert_before(func_def, fetch, mark)
-
-    return [_registry.rewrite(func, edit, VISION_ID)]
+    return [_registry.rewrite(func, _vision_edit, VISION_ID)]
 
 
 VISION_CONFIG = Patch(

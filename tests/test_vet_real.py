@@ -37,7 +37,7 @@ import engine_env  # noqa: E402
 import vet_helpers as v  # noqa: E402
 
 SGLANG = ["0.5.11", "0.5.13", "0.5.14", "0.5.17", "0.5.18", "0.5.23"]
-VLLM = ["0.27.1", "0.28.0", "0.33.0"]
+VLLM = ["0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.33.0"]
 ENGINE_ENVS = ["sglang==" + r for r in SGLANG] + ["vllm==" + r for r in VLLM]
 
 
