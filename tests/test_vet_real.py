@@ -225,7 +225,7 @@ def test_diff_is_what_runs_sglang_0_5_17(patch_id, kinds):
 
 
 @pytest.mark.parametrize("patch_id, kinds", [
-    ("vllm-sink-prefill", ["add-name", "replace", "rewrite"]),
+    ("vllm-sink-prefill", ["add-name", "rewrite", "rewrite"]),
     ("flashinfer-sink-jit-name", ["replace"]),
 ])
 def test_diff_is_what_runs_vllm_prefix_shape(patch_id, kinds):
@@ -250,18 +250,19 @@ def test_diff_of_the_vllm_prefix_tree_from_outside(tmp_path):
     assert "vllm-sink-prefill (vllm 0.27.2.dev41+g0123abc): applies" in out
     assert "BatchAttentionWithAttentionSinkWrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper" in out
     assert "%s line " % (site / "flashinfer" / "attention" / "_core.py") in out
-    assert "the installed FlashInferMetadataBuilder._get_prefill_wrapper (%s lines " % (
-        tree / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py") in out
-    (rewrite,) = [h for old, new, h in v.file_diffs(out) if new.endswith("(as flashfix runs it)")]
+    rewrites = [h for old, new, h in v.file_diffs(out) if new.endswith("(as flashfix runs it)")]
+    assert len(rewrites) == 2  # the factory and forward, each rewritten from the installed file
     installed = (tree / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()
-    after = v.apply_unified_diff(installed, rewrite)
     fixed = (site / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()
-    # the forward that runs is, statement for statement, 0.28.0's (the marker-free side)
     from flashfix import _source
 
-    ours = _source.find_def(ast.parse(after), "FlashInferImpl.forward")
+    afters = [ast.parse(v.apply_unified_diff(installed, hunk)) for hunk in rewrites]
+    # the forward that runs is, statement for statement, 0.28.0's (the marker-free side) ...
     theirs = _source.find_def(ast.parse(fixed), "FlashInferImpl.forward")
-    assert ast.dump(ours) == ast.dump(theirs)
+    assert [ast.dump(_source.find_def(a, "FlashInferImpl.forward")) == ast.dump(theirs) for a in afters].count(True) == 1
+    # ... and the factory that runs builds the sink wrapper, as 0.28.0's does
+    factories = [ast.unparse(_source.find_def(a, "FlashInferMetadataBuilder._get_prefill_wrapper")) for a in afters]
+    assert ["BatchAttentionWithAttentionSinkWrapper(" in f for f in factories].count(True) == 1
     # without a FlashInfer next to it, prepare() would refuse (it takes the sink wrapper from there)
     alone = v.cli("diff", "vllm-sink-prefill", "--path", tree)
     assert alone.returncode == 1, alone.stderr
