@@ -335,7 +335,8 @@ def _marker_lines(rendered):
     out = []
     for line, at in zip(_lines(rendered.text(rendered.MARKED)), rendered.line_map(rendered.MARKED)):
         if _source.MARK_NAME in line and line not in plain:
-            out.append((line.strip(), at))
+            text = line.strip()
+            out.append((text if text.endswith(")") else text + "...)", at))  # a call spread over lines
     return out
 
 
@@ -379,10 +380,10 @@ def _write_rewrite(change, out, marker):
               % (change.module, change.qualname))
     marks = _marker_lines(rendered)
     if marks and not marker:
-        for text, at in marks:
-            out.write("# until its first run it also runs one marker line, `%s`, reported as installed line %d;\n"
-                      "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
-                      " shows it)\n" % (text, at))
+        out.write("# until its first run it also runs %s, %s;\n"
+                  "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
+                  " shows it)\n" % ("one marker line" if len(marks) == 1 else "a marker line in each changed branch",
+                                     "; ".join("`%s`, reported as installed line %d" % m for m in marks)))
     if marks and marker:
         for text, at in marks:
             out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that the\n"
