@@ -133,16 +133,21 @@ def _is_false(node):
 
 
 def _needs_trtllm_prefill(node):
-    """Does this return value require ``supports_trtllm_attention(is_prefill=True)``? Then sinks
-    are admitted only where prefill runs trtllm-gen, which applies them itself."""
+    """Does this return value require ``supports_trtllm_attention(is_prefill=True)``, or the
+    argument-less ``supports_trtllm_attention()`` of builds up to 0.24 (whose
+    ``use_trtllm_attention(has_sinks=True)`` then routes prefill and decode of a sink model to
+    trtllm-gen)? Then sinks are admitted only where prefill runs trtllm-gen, which applies them."""
     for call in ast.walk(node):
         if not isinstance(call, ast.Call):
             continue
         func = call.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if name == "supports_trtllm_attention" and any(
-                kw.arg == "is_prefill" and isinstance(kw.value, ast.Constant) and kw.value.value is True
-                for kw in call.keywords):
+        if name != "supports_trtllm_attention":
+            continue
+        if not call.args and not call.keywords:
+            return True
+        if any(kw.arg == "is_prefill" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+               for kw in call.keywords):
             return True
     return False
 

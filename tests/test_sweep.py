@@ -38,7 +38,9 @@ EXPECTED = {
     ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch"),
     ("sglang", "0.5.14"): _sglang("patch", "patch", "patch"),
     ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.24.0"): {SINK: "not-affected"},  # supports_sink ends in supports_trtllm_attention()
     ("vllm", "0.27.1"): {SINK: "not-affected"},
+    ("vllm", "0.30.0"): {SINK: "fixed-upstream"},
     ("vllm", "0.28.0"): {SINK: "fixed-upstream"},
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
