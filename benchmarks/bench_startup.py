@@ -1,9 +1,11 @@
 """Start-up cost of flashfix's auto-activation, and the time of ``import flashfix``.
 
-Builds the wheel, makes three virtual environments from the same interpreter (flashfix
-absent; installed with bytecode compiled at install, as in an image; installed without
-compiled bytecode, which under PYTHONDONTWRITEBYTECODE=1 recompiles at every start), then
-times ``python -c pass`` in them, interleaved, and prints medians and ratios.
+Builds the wheel, makes four virtual environments from the same interpreter (flashfix
+absent; the *floor*: a one-line ``.pth`` importing a 4-line compiled module, the least any
+``.pth`` activation can cost; flashfix installed with bytecode compiled at install, as in an
+image; installed without compiled bytecode, which under PYTHONDONTWRITEBYTECODE=1 recompiles
+at every start), then times ``python -c pass`` in them, interleaved, and prints medians,
+ratios to the bare interpreter and the difference to the floor.
 
     python benchmarks/bench_startup.py [--runs 40]
 """
@@ -31,6 +33,20 @@ def make_env(root, name, wheel=None, compile_bytecode=True):
     return env / "bin" / "python"
 
 
+FLOOR_MODULE = "import sys\n\nvalue = 1\nsys.flags\n"
+
+
+def make_floor(root):
+    """The floor: a .pth line importing a 4-line module, compiled."""
+    python = make_env(root, "floor")
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "ff_floor.py").write_text(FLOOR_MODULE)
+    Path(purelib, "ff_floor.pth").write_text("import ff_floor\n")
+    subprocess.run([str(python), "-m", "compileall", "-q", str(Path(purelib, "ff_floor.py"))], check=True)
+    return python
+
+
 def wall(cmd, env):
     start = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
@@ -49,6 +65,7 @@ def main():
         wheel = next((root / "dist").glob("*.whl"))
         pythons = {
             "absent": make_env(root, "absent"),
+            "floor": make_floor(root),
             "compiled": make_env(root, "compiled", wheel, True),
             "uncompiled": make_env(root, "uncompiled", wheel, False),
         }
@@ -72,7 +89,7 @@ def main():
         # the .pth processing alone, timed in-process (far less noisy than whole-process wall time):
         # site.addsitedir() on the installed site-packages, from an interpreter started without it
         addsite = {}
-        for name in ("absent", "compiled", "uncompiled"):
+        for name in ("absent", "floor", "compiled", "uncompiled"):
             purelib = subprocess.run([str(pythons[name]), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                      env=env, capture_output=True, text=True, check=True).stdout.strip()
             code = ("import site, sys, time; t = time.perf_counter(); site.addsitedir(%r); "
@@ -80,12 +97,18 @@ def main():
             addsite[name] = [float(subprocess.run([str(pythons["absent"]), "-c", code], env=env, capture_output=True,
                                                   text=True, check=True, cwd=tmp).stdout) for _ in range(args.runs)]
     base = statistics.median(times["absent"])
+    floor = statistics.median(times["floor"])
     print("python %s, %d interleaved runs each, PYTHONDONTWRITEBYTECODE=1" % (sys.version.split()[0], args.runs))
-    print("| environment | median `python -c pass` | ratio to absent |")
-    print("| --- | --- | --- |")
+    print("| environment | median `python -c pass` | ratio to bare | over the floor (paired median) |")
+    print("| --- | --- | --- | --- |")
+    labels = {"absent": "bare (flashfix absent)", "floor": "floor: .pth + 4-line compiled module",
+              "compiled": "flashfix, bytecode compiled at install", "uncompiled": "flashfix, no compiled bytecode"}
     for name in pythons:
         med = statistics.median(times[name])
-        print("| flashfix %s | %.2f ms | %.3f |" % (name, med * 1e3, med / base))
+        over = statistics.median(a - b for a, b in zip(times[name], times["floor"]))
+        print("| %s | %.2f ms | %.3f | %+.3f ms |" % (labels[name], med * 1e3, med / base, over * 1e3))
+    print("floor over bare: %+.3f ms (paired median)"
+          % (statistics.median(a - b for a, b in zip(times["floor"], times["absent"])) * 1e3))
     print("`import flashfix` alone (bytecode compiled, hook installed, no engine): median %.3f ms"
           % statistics.median(imports))
     for name, values in addsite.items():

@@ -1,21 +1,22 @@
 """flashfix: backports of upstream FlashInfer-backend fixes into vLLM and SGLang, applied at import.
 
-This module runs at every interpreter start (through ``flashfix.pth`` / ``flashfix.start``),
-so it only installs one import hook and returns: no engine, torch, FlashInfer or wrapt is
-imported here. When an engine's top-level package is imported, the flashfix module that
-declares that engine's patches is loaded, and each patch is applied once its own target
-modules are imported. Everything else (``status``, ``revert``, ``doctor``) loads on use.
-
-The post-import hook mechanism lives in this file rather than a module of its own on
-purpose: every module loaded at start-up costs about 0.3 ms of import-system work on top of
-its code, in every Python process of the environment (see benchmarks/bench_startup.py).
+At interpreter start ``flashfix.pth`` imports only ``_flashfix_boot`` (a top-level module of a
+dozen lines with one finder), which imports this package the first time ``vllm``, ``sglang``
+or ``flashinfer`` is imported; so a Python process that never imports an engine (pip, a
+health check) pays for that small module alone. ``import flashfix`` itself, the engines'
+plugin entry points and ``flashfix.start`` (PEP 829) activate directly. No engine, torch,
+FlashInfer or wrapt is imported here. When an engine's top-level package is imported, the
+flashfix module that declares that engine's patches is loaded, and each patch is applied once
+its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
+loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
 ``sys.meta_path``; for a watched module it asks the finders behind it for the real spec and
 wraps the loader so that, once the module's code has run, the module's callbacks run. A
-module already imported gets its callbacks at once. A callback that raises is contained
-(reported through ``on_error``) unless it raises ``HookAbort``, which is how strict mode
-makes an import fail loudly.
+module already imported gets its callbacks at once; one still being imported gets them when
+its import finishes (``flush``); a reload runs them again. A callback that raises is
+contained (reported through ``on_error``) unless it raises ``HookAbort``, which is how strict
+mode makes an import fail loudly; under strict mode any failure of a callback does.
 """
 
 import _thread  # not threading: threading pulls functools and collections into every start
@@ -190,7 +191,7 @@ def _install():
     """Put the finder at the front of sys.meta_path, once per process."""
     with _lock:
         for finder in sys.meta_path:
-            if getattr(finder, "flashfix_finder", False):
+            if getattr(finder, "flashfix_finder", False) and not getattr(finder, "flashfix_boot", False):
                 return
         sys.meta_path.insert(0, _Finder())
 

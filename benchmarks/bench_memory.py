@@ -1,0 +1,98 @@
+"""Resident memory that flashfix adds to an engine process.
+
+In a real engine environment, a fresh process imports the patch targets (flashfix active, or
+``FLASHFIX_DISABLE=all``), alternating, and reports its resident set (``VmRSS``) and peak
+(``VmHWM``) after a ``gc.collect()``. Prints the medians per column and the median of the
+paired differences.
+
+    python benchmarks/bench_memory.py [--runs 3] [--release sglang==0.5.17 --release vllm==0.28.0]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+TARGETS = {
+    "sglang": ["sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.configs.model_config",
+               "sglang.srt.model_executor.runner.flashinfer_autotune", "sglang.srt.model_executor.model_runner"],
+    "vllm": ["vllm.v1.attention.backends.flashinfer"],
+}
+
+CHILD = r'''
+import gc, importlib, json, sys
+for name in %r:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+gc.collect()
+states = {}
+if "flashfix" in sys.modules:
+    states = {r["id"]: r["state"] for r in sys.modules["flashfix"].status()}
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+kib = lambda key: int(status[key].split()[0])
+print("RESULT=" + json.dumps({"rss": kib("VmRSS"), "hwm": kib("VmHWM"), "states": states}))
+'''
+
+
+def measure(requirement, runs):
+    import engine_env
+
+    python = engine_env.env_python(requirement)
+    engine = requirement.split("==")[0]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
+    base.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", FLASHFIX_LOG_LEVEL="WARNING")
+    columns = {"active": "import flashfix\n", "disabled": ""}
+    values = {name: [] for name in columns}
+    states = None
+    for _ in range(runs):
+        for name, prefix in columns.items():
+            env = dict(base, FLASHFIX_DISABLE="all") if name == "disabled" else base
+            proc = subprocess.run([str(python), "-c", prefix + CHILD % (TARGETS[engine],)], env=env,
+                                  capture_output=True, text=True, timeout=900)
+            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT=")]
+            if not line:
+                raise SystemExit("%s: child failed:\n%s" % (requirement, proc.stderr[-3000:]))
+            result = json.loads(line[0][7:])
+            values[name].append(result)
+            if name == "active":
+                states = result["states"]
+    row = {"release": requirement, "runs": runs, "states": {k: v for k, v in (states or {}).items()
+                                                             if k.startswith(engine)}}
+    for key in ("rss", "hwm"):
+        row[key + "_active_mib"] = statistics.median(v[key] for v in values["active"]) / 1024
+        row[key + "_disabled_mib"] = statistics.median(v[key] for v in values["disabled"]) / 1024
+        row[key + "_added_mib"] = statistics.median(
+            a[key] - d[key] for a, d in zip(values["active"], values["disabled"])) / 1024
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--release", action="append")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [measure(r, args.runs) for r in (args.release or ["sglang==0.5.17", "vllm==0.28.0"])]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("| release | patches | RSS active / disabled | RSS added | peak RSS added |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print("| %s | %s | %.1f / %.1f MiB | %+.2f MiB | %+.2f MiB |" % (
+            r["release"], ", ".join("%s %s" % kv for kv in sorted(r["states"].items())), r["rss_active_mib"],
+            r["rss_disabled_mib"], r["rss_added_mib"], r["hwm_added_mib"]))
+    print("(%d alternating fresh processes per column, medians; targets imported: %s)" % (
+        args.runs, "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in TARGETS.items())))
+
+
+if __name__ == "__main__":
+    main()
