@@ -190,8 +190,11 @@ class _Finder:
 def _install():
     """Put the finder at the front of sys.meta_path, once per process."""
     with _lock:
+        for finder in list(sys.meta_path):
+            if getattr(finder, "flashfix_boot", False):
+                sys.meta_path.remove(finder)  # the start-up finder's only job was to get here
         for finder in sys.meta_path:
-            if getattr(finder, "flashfix_finder", False) and not getattr(finder, "flashfix_boot", False):
+            if getattr(finder, "flashfix_finder", False):
                 return
         sys.meta_path.insert(0, _Finder())
 
