@@ -20,7 +20,7 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 import ast
 import copy
 
-from flashfix import _locate
+from flashfix import _locate, _partial
 
 
 class ShapeError(Exception):
@@ -40,10 +40,12 @@ _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patc
 
 
 def parse_text(text, origin):
+    """The module tree of ``text``: an ``ast.Module`` that parses on demand (``_partial``):
+    ``find_def`` parses only the definition it looks up, any other use parses the whole text."""
     key = (origin, text)
     tree = _parsed.get(key)
     if tree is None:
-        tree = _parsed[key] = ast.parse(text, filename=origin or "<unknown>")
+        tree = _parsed[key] = _partial.Module(text, origin)
     return tree
 
 
@@ -70,6 +72,8 @@ def module_ast(modname, modules=None):
 
 def find_def(tree, qualname):
     """The ``FunctionDef``/``ClassDef`` at ``qualname`` (``"Class.method"``) in ``tree``, or None."""
+    if isinstance(tree, _partial.Module):
+        return tree.find(qualname)
     node = tree
     for part in qualname.split("."):
         for child in getattr(node, "body", ()):
