@@ -125,6 +125,11 @@ class ImportSystem:
         return spec
 
     def version(self, dist):
+        from flashfix import _distinfo
+
+        found = _distinfo.version(dist)  # the METADATA file itself, where that is sure to agree
+        if found is not _distinfo.UNSURE:
+            return found
         from importlib import metadata
 
         try:

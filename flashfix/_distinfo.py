@@ -1,0 +1,98 @@
+"""A distribution's version read straight from its ``.dist-info/METADATA``, without
+``importlib.metadata`` (whose import, with ``email``, costs about as much as the rest of
+``flashfix doctor``).
+
+``version(dist)`` answers only where it is sure to give what ``importlib.metadata.version``
+gives in this interpreter: the standard path finder is the only distribution finder on
+``sys.meta_path``, every ``sys.path`` entry is a plain directory (or missing), the first
+metadata folder for the name is a ``<name>-<version>.dist-info`` whose name is already in
+normalised form, and its METADATA has one plain ``Version`` header. Anywhere else it answers
+``UNSURE`` and the caller asks ``importlib.metadata``.
+"""
+
+import os
+import re
+import sys
+
+UNSURE = object()
+
+_listings = {}  # sys.path entry -> {normalised name: [metadata folder names, in listdir order]}
+
+
+def _normalize(name):  # as importlib.metadata's Prepared.normalize
+    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+
+
+def _folders(entry):
+    listing = _listings.get(entry)
+    if listing is None:
+        listing = {}
+        try:
+            children = os.listdir(entry or ".")
+        except OSError:
+            if os.path.exists(entry or "."):
+                return None  # a file (a zip?) or unreadable: importlib.metadata may see more
+            children = []
+        for child in children:
+            low = child.lower()
+            if low.endswith((".dist-info", ".egg-info")):
+                listing.setdefault(_normalize(low.rpartition(".")[0].partition("-")[0]), []).append(child)
+        _listings[entry] = listing
+    return listing
+
+
+def _only_path_finder():
+    from importlib.machinery import PathFinder
+
+    finders = [f for f in sys.meta_path if getattr(f, "find_distributions", None) is not None]
+    return finders == [PathFinder]
+
+
+def version(dist):
+    """The ``Version`` of distribution ``dist`` as importlib.metadata would read it, None if
+    it is not installed, or ``UNSURE``."""
+    wanted = _normalize(dist)
+    if not dist or not _only_path_finder():
+        return UNSURE
+    for entry in sys.path:
+        if not isinstance(entry, str) or entry.lower().endswith(".egg"):
+            return UNSURE
+        folders = _folders(entry)
+        if folders is None:
+            return UNSURE
+        found = folders.get(wanted)
+        if not found:
+            continue
+        folder = found[0]
+        low = folder.lower()
+        if not low.endswith(".dist-info") or low.rpartition(".")[0].partition("-")[0] != wanted:
+            return UNSURE
+        try:
+            with open(os.path.join(entry or ".", folder, "METADATA"), encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError):
+            return UNSURE
+        return _version_header(text)
+    return None
+
+
+def _version_header(text):
+    """The value of the first ``Version:`` header of a METADATA text, or UNSURE where the
+    email parser might read it otherwise (a folded value, a line that is no header)."""
+    value = UNSURE
+    lines = text.split("\n")
+    for number, line in enumerate(lines):
+        if not line.strip():
+            break
+        if line[0] in " \t":
+            if number and lines[number - 1].partition(":")[0].strip().lower() == "version":
+                return UNSURE  # a folded Version value
+            continue
+        name, colon, rest = line.partition(":")
+        if not colon or not name or any(c in name for c in " \t"):
+            return UNSURE
+        if value is UNSURE and name.lower() == "version":
+            value = rest.lstrip(" \t").rstrip("\r")
+            if not value:
+                return UNSURE
+    return value
