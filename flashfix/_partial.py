@@ -54,23 +54,25 @@ _FIRST_STATEMENT = re.compile(r"(?:[ ]*(?:#[^\n]*)?\n)*([ ]*)[^ \n]")
 _COLUMN_ZERO = re.compile(r"^[^ \n#]", re.M)
 
 
-def _multiline_literals(text):
-    """Sorted ``(start, end)`` of the string literals that span lines; raises _Doubt when the
-    text cannot be scanned for sure. Comments and literals are skipped left to right, as the
-    tokenizer does, so a quote or ``#`` is only ever seen where a literal or comment starts."""
-    spans = []
+def _scan(text):
+    """``(spans, literals)``: the sorted ``(start, end)`` of every string literal and comment,
+    and of the literals that span lines; raises _Doubt when the text cannot be scanned for
+    sure. Comments and literals are skipped left to right, as the tokenizer does, so a quote
+    or ``#`` is only ever seen where a literal or comment starts."""
+    spans, literals = [], []
     search, find, end = _QUOTE_OR_HASH.search, text.find, len(text)
     pos = 0
     while True:
         found = search(text, pos)
         if found is None:
-            return spans
+            return spans, literals
         start = found.start()
         char = text[start]
         if char == "#":
             pos = find("\n", start)
             if pos < 0:
-                return spans
+                pos = end
+            spans.append((start, pos))
             continue
         quote = text[start:start + 3]
         if quote != char * 3:
@@ -83,10 +85,9 @@ def _multiline_literals(text):
             body = text[start:pos]
             if body.count("{") - 2 * body.count("{{") != body.count("}") - 2 * body.count("}}"):
                 raise _Doubt("an f-string that may nest quotes")
+        spans.append((start, pos))
         if find("\n", start, pos) >= 0:
-            spans.append((start, pos))
-        if pos >= end:
-            return spans
+            literals.append((start, pos))
 
 
 def _is_fstring(text, quote_at):
@@ -94,6 +95,11 @@ def _is_fstring(text, quote_at):
     while begin > 0 and text[begin - 1] in _PREFIX and quote_at - begin < 3:
         begin -= 1
     return any(c in "fFtT" for c in text[begin:quote_at])
+
+
+def _brackets(text, begin, end):
+    return (text.count("(", begin, end) + text.count("[", begin, end) + text.count("{", begin, end)
+            - text.count(")", begin, end) - text.count("]", begin, end) - text.count("}", begin, end))
 
 
 class _Start:
@@ -111,7 +117,7 @@ class _Index:
                 or "barry_as_FLUFL" in text:
             raise _Doubt("characters the scan does not handle")
         self.text = text
-        self.literals = _multiline_literals(text)
+        self.spans, self.literals = _scan(text)
         self.literal_starts = [start for start, _ in self.literals]
         for tab in _TAB_INDENT.finditer(text):
             if not self.in_literal(tab.start()):
@@ -132,16 +138,55 @@ class _Index:
                 kind, name = ("def", named.group(1)) if named else ("?", None)
                 if named and text.startswith("class", match.end(1)):
                     kind = "class"
+                elif named and word == "async":
+                    kind = "async"
             self.starts.append(_Start(offset, line, len(match.group(1)), kind, name))
         self.top = [s for s in self.starts if s.indent == 0]
+        self._statements = None
 
     def in_literal(self, offset):
         i = bisect.bisect_right(self.literal_starts, offset) - 1
         return i >= 0 and offset < self.literals[i][1]
 
+    def in_span(self, offset):
+        i = bisect.bisect_right(self.spans, (offset, len(self.text) + 1)) - 1
+        return i >= 0 and offset < self.spans[i][1]
+
     def line_end(self, offset):
         end = self.text.find("\n", offset)
         return len(self.text) if end < 0 else end
+
+    def line_of(self, offset):
+        return self.text.count("\n", 0, offset) + 1
+
+    def statements(self):
+        """Sorted offsets of the lines that start a statement at column 0: outside literals,
+        brackets and backslash continuations. The ends of top-level definitions."""
+        if self._statements is None:
+            text, spans = self.text, self.spans
+            found, depth, pos, k = [], 0, 0, 0
+            for match in _COLUMN_ZERO.finditer(text):
+                offset = match.start()
+                if self.in_literal(offset):
+                    continue
+                while k < len(spans) and spans[k][0] < offset:  # code up to here, less literals and comments
+                    depth += _brackets(text, pos, spans[k][0])
+                    pos = max(pos, spans[k][1])
+                    k += 1
+                depth += _brackets(text, pos, offset)
+                pos = offset
+                if depth < 0 or text[offset] == "\\":
+                    raise _Doubt("unbalanced brackets")
+                if depth == 0 and not (offset >= 2 and text[offset - 2] == "\\" and not self.in_span(offset - 2)):
+                    found.append(offset)
+            self._statements = found
+        return self._statements
+
+    def next_statement(self, offset):
+        """The first column-0 statement after the line at ``offset``, or the end of the text."""
+        statements = self.statements()
+        i = bisect.bisect_right(statements, self.line_end(offset))
+        return statements[i] if i < len(statements) else len(self.text)
 
 
 def _lookup(starts, name):
@@ -154,32 +199,40 @@ def _lookup(starts, name):
     return None
 
 
-def _block(starts, i, end):
-    """``(first offset, first line, end offset)`` of definition ``starts[i]`` with its decorators:
-    up to the next start at its level, or ``end``."""
-    first = i
-    while first > 0 and starts[first - 1].kind == "@":
-        first -= 1
-    stop = starts[i + 1].offset if i + 1 < len(starts) else end
-    return starts[first].offset, starts[first].line, stop
+def _first(starts, i):
+    """The index of the first decorator of ``starts[i]`` (``i`` itself if it has none)."""
+    while i > 0 and starts[i - 1].kind == "@":
+        i -= 1
+    return i
 
 
-def _parse_block(index, origin, starts, i, end, wrap):
-    """The def/class node of ``starts[i]``, parsed alone at its own lines and columns."""
-    begin, line, stop = _block(starts, i, end)
-    want = starts[i]
-    if wrap:  # an indented block: parse it as the body of an ``if`` on the line above
+def _parse(index, origin, begin, line, stop, wrap):
+    """The statements of ``text[begin:stop]``, parsed at their own lines and columns; for an
+    indented block (``wrap``), as the body of an ``if`` on the line above."""
+    if wrap:
         if line < 2:
-            raise _Doubt("an indented definition on the first line")
+            raise _Doubt("an indented block on the first line")
         source = "\n" * (line - 2) + "if 1:\n" + index.text[begin:stop]
     else:
         source = "\n" * (line - 1) + index.text[begin:stop]
     try:
         body = ast.parse(source, filename=origin or "<unknown>").body
     except (SyntaxError, ValueError) as exc:
-        raise _Doubt("the block of %s does not parse alone: %s" % (want.name, exc)) from None
+        raise _Doubt("a block does not parse alone: %s" % (exc,)) from None
     if wrap:
-        body = body[0].body if body and isinstance(body[0], ast.If) else []
+        if len(body) != 1 or not isinstance(body[0], ast.If):
+            raise _Doubt("an indented block is more than one block")
+        body = body[0].body
+    return body
+
+
+def _parse_def(index, origin, starts, i, end, wrap):
+    """The def/class node of ``starts[i]``, parsed alone (with its decorators, up to the next
+    start at its level or ``end``)."""
+    first = starts[_first(starts, i)]
+    stop = starts[i + 1].offset if i + 1 < len(starts) else end
+    want = starts[i]
+    body = _parse(index, origin, first.offset, first.line, stop, wrap)
     node = body[0] if body else None
     if not (isinstance(node, _DEF_KINDS) and node.name == want.name and node.lineno == want.line
             and node.col_offset == want.indent):
@@ -187,12 +240,10 @@ def _parse_block(index, origin, starts, i, end, wrap):
     return node
 
 
-def _class_scope(index, starts, i):
-    """``(indentation, starts, end)`` of the body of the top-level class ``starts[i]``: the
-    definitions directly inside it, and where its block ends. _Doubt unless its header and
-    extent are certain."""
-    text, start = index.text, starts[i]
-    end = starts[i + 1].offset if i + 1 < len(starts) else len(text)
+def _class_scope(index, start):
+    """``(indentation, starts, end)`` of the top-level class at ``start``: the definitions
+    directly in its body, and where the class ends. _Doubt unless they are certain."""
+    text = index.text
     header_end = index.line_end(start.offset)
     header = _CLASS_HEADER.match(text, start.offset, header_end)
     if header is None:
@@ -200,53 +251,81 @@ def _class_scope(index, starts, i):
     bases = header.group(1) or ""
     if any(bases.count(a) != bases.count(b) for a, b in ("()", "[]", "{}")):
         raise _Doubt("a class header with unbalanced brackets")
+    end = index.next_statement(start.offset)
     first = _FIRST_STATEMENT.match(text, header_end + 1, end)
     if first is None or not first.group(1):
         raise _Doubt("no indented class body")
     indent = len(first.group(1))
-    # the class body runs to ``end`` only if no line in between starts at column 0 (outside
-    # string literals): such a line ends the class, or continues an expression
-    for line in _COLUMN_ZERO.finditer(text, header_end + 1, end):
-        if not index.in_literal(line.start()):
-            raise _Doubt("a line at column 0 inside the class's block")
-    if i + 1 < len(starts) and starts[i + 1].kind == "@" and _continues(index, end):
-        raise _Doubt("a line starting with @ may continue an expression")
     inner = [s for s in index.starts if start.offset < s.offset < end and s.indent == indent]
     return indent, inner, end
 
 
-def _continues(index, offset):
-    """Could the line at ``offset`` continue an expression (open brackets, a backslash)?"""
-    text = index.text
-    if offset >= 2 and text[offset - 2] == "\\":
-        return True
-    depth = 0
-    for begin, end in _code_spans(text, offset):
-        part = text[begin:end]
-        depth += part.count("(") + part.count("[") + part.count("{")
-        depth -= part.count(")") + part.count("]") + part.count("}")
-    return depth != 0
+# --- definitions parsed when first read -----------------------------------------------------------
 
 
-def _code_spans(text, stop):
-    """``(begin, end)`` of the text before ``stop`` outside string literals and comments."""
-    search, find = _QUOTE_OR_HASH.search, text.find
-    pos = 0
-    while pos < stop:
-        found = search(text, pos, stop)
-        if found is None:
-            yield pos, stop
-            return
-        start = found.start()
-        yield pos, start
-        if text[start] == "#":
-            pos = find("\n", start)
-            pos = stop if pos < 0 else pos
-            continue
-        quote = text[start:start + 3]
-        if quote != text[start] * 3:
-            quote = text[start]
-        pos = _LITERAL[quote].match(text, start).end()
+_KNOWN = frozenset(("name", "lineno", "col_offset"))  # what the scan sets on a deferred node
+
+
+class _Deferred:  # its methods go into each deferred node type (an ast type takes no mixin)
+    """A def/class node whose location the scan knows for sure (its name, kind, line and
+    column are set) and whose other fields are parsed when first read: a probe that only
+    asks whether a definition exists, or reads one definition of several it looked up,
+    parses nothing more. Copies (``copy``, ``deepcopy``, ``pickle``) are plain nodes."""
+
+    def __getattribute__(self, attr):
+        if attr in _FIELDS and attr not in _KNOWN:
+            return _parsed_fields(self)[attr]
+        return object.__getattribute__(self, attr)
+
+    def __setattr__(self, attr, value):
+        if attr in _FIELDS and attr not in _KNOWN:
+            _parsed_fields(self)[attr] = value
+        else:
+            object.__setattr__(self, attr, value)
+
+    def __reduce__(self):
+        state = dict(_parsed_fields(self))
+        state.update((name, object.__getattribute__(self, name)) for name in _KNOWN)
+        return type(self).__bases__[0], (), state
+
+
+def _parsed_fields(node):
+    """The fields of deferred ``node``, parsing its block the first time."""
+    state = object.__getattribute__(node, "__dict__")
+    fields = state.get("_flashfix_parsed")
+    if fields is None:
+        load, module, parts = state["_flashfix_load"]
+        try:
+            real = load()
+        except _Doubt:  # the block does not parse alone: take it from the whole text
+            real = walk_defs(module, parts)
+        base = type(node).__bases__[0]
+        if not (type(real) is base and real.name == state["name"] and real.lineno == state["lineno"]
+                and real.col_offset == state["col_offset"]):
+            raise RuntimeError("flashfix: the scan of %s located %s wrongly" % (module.flashfix_origin, state["name"]))
+        fields = state["_flashfix_parsed"] = {k: v for k, v in vars(real).items() if k not in _KNOWN}
+        del state["_flashfix_load"]
+    return fields
+
+
+def _deferred_type(base):
+    namespace = {name: getattr(_Deferred, name) for name in ("__getattribute__", "__setattr__", "__reduce__", "__doc__")}
+    namespace["__module__"] = __name__
+    return type(base.__name__, (base,), namespace)
+
+
+_FIELDS = frozenset(f for base in _DEF_KINDS for f in base._fields + base._attributes)
+_DEFERRED = {"def": _deferred_type(ast.FunctionDef), "async": _deferred_type(ast.AsyncFunctionDef),
+             "class": _deferred_type(ast.ClassDef)}
+
+
+def _deferred(start, load, module, parts):
+    """A deferred def/class node for ``start``; ``load()`` parses it (_Doubt: ``module``'s
+    whole tree is walked through ``parts`` instead)."""
+    node = _DEFERRED[start.kind].__new__(_DEFERRED[start.kind])
+    state = object.__getattribute__(node, "__dict__")
+    state.update(name=start.name, lineno=start.line, col_offset=start.indent, _flashfix_load=(load, module, parts))
+    return node
 
 
 # --- the module ---------------------------------------------------------------------------------
@@ -283,33 +362,115 @@ class Module(ast.Module):
         parts = qualname.split(".")
         if self._body is None:
             try:
-                node = self._find(parts)
+                return self._find(parts)
             except _Doubt:
-                node = False
-            if node is not False:
-                return node
+                pass
         return walk_defs(self, parts)
 
-    def _find(self, parts):
+    def around(self, line):
+        """An ``ast.Module`` of the statements of the smallest block of text that holds
+        ``line`` (one method of a class; else a top-level definition with the module code
+        that follows it), parsed alone; None where that is not certain."""
+        if self._body is not None:
+            return None
+        try:
+            return ast.Module(body=self._around(line), type_ignores=[])
+        except _Doubt:
+            return None
+
+    def module_statements(self):
+        """The module's top-level statements other than its definitions (what
+        ``_source._top_level_imports`` reads), parsed without the definitions; the whole body
+        where that is not certain."""
+        if self._body is None:
+            try:
+                return self._module_statements()
+            except _Doubt:
+                pass
+        return self.body
+
+    def _index_(self):
         if self._index is None:
             self._index = _Index(self.flashfix_text)
-        index = self._index
+        return self._index
+
+    def _find(self, parts):
+        index, origin = self._index_(), self.flashfix_origin
         top = index.top
         i = _lookup(top, parts[0])
         if i is None:
             return None
-        if len(parts) > 1 and top[i].kind == "class":
+        if len(parts) == 1:
+            return _deferred(top[i], lambda: _parse_def(index, origin, top, i, len(index.text), wrap=False), self, parts)
+        if top[i].kind == "class":
             try:
-                indent, inner, end = _class_scope(index, top, i)
+                indent, inner, end = _class_scope(index, top[i])
                 j = _lookup(inner, parts[1])
                 if j is None:
                     return None
-                node = _parse_block(index, self.flashfix_origin, inner, j, end, wrap=True)
-                return walk_defs(node, parts[2:])
+                if len(parts) == 2:
+                    return _deferred(inner[j], lambda: _parse_def(index, origin, inner, j, end, wrap=True), self, parts)
+                return walk_defs(_parse_def(index, origin, inner, j, end, wrap=True), parts[2:])
             except _Doubt:
                 pass
-        node = _parse_block(index, self.flashfix_origin, top, i, len(index.text), wrap=False)
-        return walk_defs(node, parts[1:])
+        return walk_defs(_parse_def(index, origin, top, i, len(index.text), wrap=False), parts[1:])
+
+    def _runs(self, starts, end):
+        """``[(first, definition, stop)]``: each definition of ``starts`` (indices) with its
+        decorators, and where its block stops."""
+        runs, first = [], None
+        for i, start in enumerate(starts):
+            if start.kind == "?":
+                raise _Doubt("a definition whose name the scan cannot read")
+            if first is None:
+                first = i
+            if start.kind != "@":
+                runs.append((first, i, starts[i + 1].offset if i + 1 < len(starts) else end))
+                first = None
+        if first is not None:
+            raise _Doubt("decorators without a definition")
+        return runs
+
+    def _real_top(self, index):
+        statements = set(index.statements())
+        return [start for start in index.top if start.offset in statements]  # not an @ continuing a line
+
+    def _around(self, line):
+        index, origin = self._index_(), self.flashfix_origin
+        top = self._real_top(index)
+        runs = self._runs(top, len(index.text))
+        held = [run for run in runs if top[run[0]].line <= line]
+        if not held:
+            stop = top[0].offset if top else len(index.text)
+            return _parse(index, origin, 0, 1, stop, wrap=False)
+        first, i, stop = held[-1]
+        if top[i].kind == "class" and line > top[i].line:
+            try:
+                indent, inner, end = _class_scope(index, top[i])
+                inner_runs = self._runs(inner, end)
+                mine = [run for run in inner_runs if inner[run[0]].line <= line]
+                if mine and line < index.line_of(end):
+                    j_first, j, j_stop = mine[-1]
+                    body = _parse(index, origin, inner[j_first].offset, inner[j_first].line, j_stop, wrap=True)
+                    if body and isinstance(body[0], _DEF_KINDS) and body[0].lineno == inner[j].line:
+                        return body
+            except _Doubt:
+                pass
+        body = _parse(index, origin, top[first].offset, top[first].line, stop, wrap=False)
+        if not (body and isinstance(body[0], _DEF_KINDS) and body[0].lineno == top[i].line):
+            raise _Doubt("a block is not its definition")
+        return body
+
+    def _module_statements(self):
+        index, origin, text = self._index_(), self.flashfix_origin, self.flashfix_text
+        top = self._real_top(index)
+        runs = self._runs(top, len(text))
+        found = _parse(index, origin, 0, 1, top[0].offset if top else len(text), wrap=False)
+        for first, i, stop in runs:
+            after = index.next_statement(top[i].offset)  # where the definition ends
+            if after < stop:
+                found += _parse(index, origin, after, 1, stop, wrap=False)
+        return found
 
 
 def walk_defs(node, parts):

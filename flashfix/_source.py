@@ -199,17 +199,20 @@ def _def_node(func, tree=None):
     code = func.__code__
     if tree is None:
         tree = parse_text(*function_source(func))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                return node
+    block = tree.around(code.co_firstlineno) if isinstance(tree, _partial.Module) else None  # parsed alone
+    for scope in (block, tree) if block is not None else (tree,):
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                    return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
 def _top_level_imports(tree):
     """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    names, stack = set(), list(tree.body)
+    statements = tree.module_statements() if isinstance(tree, _partial.Module) else tree.body  # no def bodies
+    names, stack = set(), list(statements)
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -115,6 +115,8 @@ def test_only_the_block_is_parsed(monkeypatch):
     lazy = _partial.Module(CLEAN, "<test>")
     node = lazy.find("Engine.fetch")
     assert isinstance(node, ast.AsyncFunctionDef) and node.lineno == CLEAN.splitlines().index("    async def fetch(self):") + 1
+    assert parsed == []  # the definition is located; its fields are parsed when first read
+    assert node.end_lineno == node.lineno + 2
     assert parsed == ["if 1:\n    async def fetch(self):\n        async with self.lock:\n            return 1"]
     assert lazy.find("nothing") is None and lazy.find("Engine.nothing") is None
     assert len(parsed) == 1 and not lazy.parsed  # nothing else was parsed
@@ -181,3 +183,100 @@ def test_every_definition_of_real_files():
         _same_as_full_parse(text, lookups, fresh=False)
         checked += len(lookups)
     assert checked > 500
+
+
+def _rewrite_reads_equal_a_full_parse(text):
+    """What _source.rewrite reads from a module tree: the def node of every function (nested
+    ones too, found from its first line as _def_node finds it) and the names imported at top level."""
+    full = ast.parse(text)
+    lazy = _partial.Module(text, "<test>")
+    assert _source._top_level_imports(lazy) == _source._top_level_imports(full)
+    checked = 0
+    for node in ast.walk(full):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            block = lazy.around(first)
+            found = [n for n in ast.walk(block or full) if isinstance(n, type(node)) and n.name == node.name
+                     and n.lineno == node.lineno]
+            assert len(found) == 1 and _dump(found[0]) == _dump(node), (node.name, node.lineno)
+            checked += 1
+    return lazy, checked
+
+
+def test_rewrite_reads_equal_a_full_parse():
+    lazy, checked = _rewrite_reads_equal_a_full_parse(CLEAN)
+    assert checked == 8 and not lazy.parsed
+    total = 0
+    for path in _library_files():
+        with open(path, encoding="utf-8") as handle:
+            total += _rewrite_reads_equal_a_full_parse(handle.read())[1]
+    assert total > 500
+
+
+IMPORTABLE = '''import os
+
+
+class Base:
+    pass
+
+
+class Spread(
+    Base,
+):
+    def method(self):
+        return os.sep
+
+
+try:
+    import json
+except ImportError:
+    json = None
+
+
+class Engine(Base):
+    """Engine."""
+
+    def compute(self):
+        def inner():
+            return os.getcwd()
+
+        return inner
+
+    def other(self):
+        return json.dumps(1)
+'''
+
+
+def test_rewrite_parses_one_method(tmp_path, monkeypatch):
+    (tmp_path / "ff_partial_target.py").write_text(IMPORTABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ff_partial_target as target
+
+    _rewrite_reads_equal_a_full_parse(IMPORTABLE)
+    parsed = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda source, *a, **k: parsed.append(source.strip()) or real(source, *a, **k))
+    _source.forget()
+    for func in (target.Engine.compute, target.Engine.compute(None), target.Engine.other, target.Spread.method):
+        marked, plain = _source.rewrite(func, lambda node: None)
+        assert _source.code_difference(plain, func.__code__) is None
+    tree = _source._parsed[(target.__file__, IMPORTABLE)]
+    assert not tree.parsed
+    assert all(len(p) < 200 for p in parsed), parsed
+    _source.forget()
+
+
+def test_a_deferred_definition_behaves_as_a_node():
+    lazy = _partial.Module(CLEAN, "<test>")
+    full = _partial.walk_defs(ast.parse(CLEAN), ["Engine", "compute"])
+    node = lazy.find("Engine.compute")
+    assert type(node).__name__ == "FunctionDef" and isinstance(node, ast.FunctionDef)
+    assert (node.name, node.lineno, node.col_offset) == (full.name, full.lineno, full.col_offset)
+    assert not lazy.parsed
+    for clone in (copy.deepcopy(node), copy.copy(node), pickle.loads(pickle.dumps(node))):
+        assert type(clone) is ast.FunctionDef and _dump(clone) == _dump(full)
+    node.lineno = 99
+    node.body = []
+    assert copy.copy(node).lineno == 99 and copy.copy(node).body == [] and node.end_lineno == full.end_lineno
+    assert ast.unparse(lazy.find("Spread")) == ast.unparse(_partial.walk_defs(ast.parse(CLEAN), ["Spread"]))
+    assert not lazy.parsed
