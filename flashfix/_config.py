@@ -49,6 +49,13 @@ class Config:
         return self.disable_all or patch_id in self.disabled
 
 
+def names_patches(environ=None):
+    """Does FLASHFIX_DISABLE name patch ids (anything but ``all``)? Only then does ``parse``
+    need every registered id."""
+    env = os.environ if environ is None else environ
+    return any(item.strip().lower() not in ("", "all") for item in env.get("FLASHFIX_DISABLE", "").split(","))
+
+
 def parse(valid_ids, environ=None):
     """Read the FLASHFIX_* variables; ``valid_ids`` are the registered patch ids."""
     env = os.environ if environ is None else environ

@@ -16,29 +16,27 @@ import sys
 
 UNSURE = object()
 
-_listings = {}  # sys.path entry -> {normalised name: [metadata folder names, in listdir order]}
-
-
 def _normalize(name):  # as importlib.metadata's Prepared.normalize
     return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
 
 
-def _folders(entry):
-    listing = _listings.get(entry)
-    if listing is None:
-        listing = {}
-        try:
-            children = os.listdir(entry or ".")
-        except OSError:
-            if os.path.exists(entry or "."):
-                return None  # a file (a zip?) or unreadable: importlib.metadata may see more
-            children = []
-        for child in children:
-            low = child.lower()
-            if low.endswith((".dist-info", ".egg-info")):
-                listing.setdefault(_normalize(low.rpartition(".")[0].partition("-")[0]), []).append(child)
-        _listings[entry] = listing
-    return listing
+def _folders(entry, wanted):
+    """The metadata folders of ``entry`` for normalised name ``wanted``, in listdir order;
+    None if ``entry`` cannot be listed (listed anew at each call: nothing is kept)."""
+    try:
+        children = os.listdir(entry or ".")
+    except OSError:
+        if os.path.exists(entry or "."):
+            return None  # a file (a zip?) or unreadable: importlib.metadata may see more
+        return []
+    found = []
+    for child in children:
+        low = child.lower()
+        if low.endswith((".dist-info", ".egg-info")):
+            name = low.rpartition(".")[0].partition("-")[0]
+            if name[:1].replace("-", "_").replace(".", "_") == wanted[:1] and _normalize(name) == wanted:
+                found.append(child)
+    return found
 
 
 def _only_path_finder():
@@ -57,10 +55,9 @@ def version(dist):
     for entry in sys.path:
         if not isinstance(entry, str) or entry.lower().endswith(".egg"):
             return UNSURE
-        folders = _folders(entry)
-        if folders is None:
+        found = _folders(entry, wanted)
+        if found is None:
             return UNSURE
-        found = folders.get(wanted)
         if not found:
             continue
         folder = found[0]

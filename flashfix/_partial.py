@@ -46,33 +46,53 @@ _LITERAL = {
 _PREFIX = frozenset("rRbBuUfFtT")
 _NESTED_FSTRINGS = sys.version_info >= (3, 12)  # PEP 701 (and 750): an f-string may hold its own quote
 # a line that may start a definition (or a decorator), with its indentation
-_STARTS = re.compile(r"^([ ]*)(@|async\b|def\b|class\b)", re.M)
+_MAX_INDENT = 8  # definitions are indexed up to this indentation (a deeper class body: whole parse)
+
+
+class _LinePattern:
+    """A pattern matched at the starts of lines (its group 1 begins the line), searched for
+    as newline + pattern, which the regular expression engine finds far faster than ``^``."""
+
+    def __init__(self, body):
+        self.first, self.rest = re.compile(body), re.compile("\n" + body)
+
+    def finditer(self, text, pos=0):
+        """Matches on the lines that start at ``pos`` (a line start) or later."""
+        if pos == 0:
+            first = self.first.match(text)
+            if first is not None:
+                yield first
+        yield from self.rest.finditer(text, max(pos - 1, 0))
+
+
+_STARTS = _LinePattern(r"([ ]{0,%d})(@|async\b|def\b|class\b)" % _MAX_INDENT)
 _NAMED = re.compile(r"(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?!\w)")
-_TAB_INDENT = re.compile(r"^[ ]*\t", re.M)
+_TAB_INDENT = _LinePattern(r"([ ]*)\t")
 _CLASS_HEADER = re.compile(r"class[ \t]+[A-Za-z_][A-Za-z0-9_]*[ \t]*(\([^#'\"\\\n]*\))?[ \t]*:[ \t]*(?:#[^\n]*)?$", re.M)
 _FIRST_STATEMENT = re.compile(r"(?:[ ]*(?:#[^\n]*)?\n)*([ ]*)[^ \n]")
-_COLUMN_ZERO = re.compile(r"^[^ \n#]", re.M)
+_COLUMN_ZERO = _LinePattern(r"([^ \n#])")
 
 
 def _scan(text):
-    """``(spans, literals)``: the sorted ``(start, end)`` of every string literal and comment,
-    and of the literals that span lines; raises _Doubt when the text cannot be scanned for
-    sure. Comments and literals are skipped left to right, as the tokenizer does, so a quote
-    or ``#`` is only ever seen where a literal or comment starts."""
-    spans, literals = [], []
+    """``(starts, ends, literals)``: where every string literal and comment starts and ends
+    (sorted), and the ``(start, end)`` of the literals that span lines; raises _Doubt when
+    the text cannot be scanned for sure. Comments and literals are skipped left to right, as
+    the tokenizer does, so a quote or ``#`` is only ever seen where a literal or comment starts."""
+    starts, ends, literals = [], [], []
     search, find, end = _QUOTE_OR_HASH.search, text.find, len(text)
     pos = 0
     while True:
         found = search(text, pos)
         if found is None:
-            return spans, literals
+            return starts, ends, literals
         start = found.start()
         char = text[start]
         if char == "#":
             pos = find("\n", start)
             if pos < 0:
                 pos = end
-            spans.append((start, pos))
+            starts.append(start)
+            ends.append(pos)
             continue
         quote = text[start:start + 3]
         if quote != char * 3:
@@ -85,7 +105,8 @@ def _scan(text):
             body = text[start:pos]
             if body.count("{") - 2 * body.count("{{") != body.count("}") - 2 * body.count("}}"):
                 raise _Doubt("an f-string that may nest quotes")
-        spans.append((start, pos))
+        starts.append(start)
+        ends.append(pos)
         if find("\n", start, pos) >= 0:
             literals.append((start, pos))
 
@@ -117,15 +138,16 @@ class _Index:
                 or "barry_as_FLUFL" in text:
             raise _Doubt("characters the scan does not handle")
         self.text = text
-        self.spans, self.literals = _scan(text)
+        self.span_starts, self.span_ends, self.literals = _scan(text)
         self.literal_starts = [start for start, _ in self.literals]
-        for tab in _TAB_INDENT.finditer(text):
-            if not self.in_literal(tab.start()):
-                raise _Doubt("a tab in indentation")
+        if "\t" in text:
+            for tab in _TAB_INDENT.finditer(text):
+                if not self.in_literal(tab.start(1)):
+                    raise _Doubt("a tab in indentation")
         self.starts = []
         line, counted = 1, 0
         for match in _STARTS.finditer(text):
-            offset = match.start()
+            offset = match.start(1)
             if self.in_literal(offset):
                 continue
             line += text.count("\n", counted, offset)
@@ -149,8 +171,8 @@ class _Index:
         return i >= 0 and offset < self.literals[i][1]
 
     def in_span(self, offset):
-        i = bisect.bisect_right(self.spans, (offset, len(self.text) + 1)) - 1
-        return i >= 0 and offset < self.spans[i][1]
+        i = bisect.bisect_right(self.span_starts, offset) - 1
+        return i >= 0 and offset < self.span_ends[i]
 
     def line_end(self, offset):
         end = self.text.find("\n", offset)
@@ -159,34 +181,40 @@ class _Index:
     def line_of(self, offset):
         return self.text.count("\n", 0, offset) + 1
 
+    def _statements_from(self, pos, search):
+        """The offsets, in order, of the lines from ``search`` on that start a statement at
+        column 0: outside literals, brackets and backslash continuations (no bracket is open
+        at ``pos``)."""
+        text, starts, ends = self.text, self.span_starts, self.span_ends
+        depth, k = 0, bisect.bisect_left(starts, pos)
+        for match in _COLUMN_ZERO.finditer(text, search):
+            offset = match.start(1)
+            if self.in_literal(offset):
+                continue
+            while k < len(starts) and starts[k] < offset:  # the code up to here, less literals and comments
+                depth += _brackets(text, pos, starts[k])
+                pos = max(pos, ends[k])
+                k += 1
+            depth += _brackets(text, pos, offset)
+            pos = offset
+            if depth < 0 or text[offset] == "\\":
+                raise _Doubt("unbalanced brackets")
+            if depth == 0 and not (offset >= 2 and text[offset - 2] == "\\" and not self.in_span(offset - 2)):
+                yield offset
+
     def statements(self):
-        """Sorted offsets of the lines that start a statement at column 0: outside literals,
-        brackets and backslash continuations. The ends of top-level definitions."""
+        """Sorted offsets of every line that starts a statement at column 0."""
         if self._statements is None:
-            text, spans = self.text, self.spans
-            found, depth, pos, k = [], 0, 0, 0
-            for match in _COLUMN_ZERO.finditer(text):
-                offset = match.start()
-                if self.in_literal(offset):
-                    continue
-                while k < len(spans) and spans[k][0] < offset:  # code up to here, less literals and comments
-                    depth += _brackets(text, pos, spans[k][0])
-                    pos = max(pos, spans[k][1])
-                    k += 1
-                depth += _brackets(text, pos, offset)
-                pos = offset
-                if depth < 0 or text[offset] == "\\":
-                    raise _Doubt("unbalanced brackets")
-                if depth == 0 and not (offset >= 2 and text[offset - 2] == "\\" and not self.in_span(offset - 2)):
-                    found.append(offset)
-            self._statements = found
+            self._statements = list(self._statements_from(0, 0))
         return self._statements
 
     def next_statement(self, offset):
-        """The first column-0 statement after the line at ``offset``, or the end of the text."""
-        statements = self.statements()
-        i = bisect.bisect_right(statements, self.line_end(offset))
-        return statements[i] if i < len(statements) else len(self.text)
+        """The first column-0 statement after the line of the statement at ``offset`` (where a
+        top-level definition started there ends), or the end of the text."""
+        if self._statements is not None:
+            i = bisect.bisect_right(self._statements, self.line_end(offset))
+            return self._statements[i] if i < len(self._statements) else len(self.text)
+        return next(self._statements_from(offset, self.line_end(offset) + 1), len(self.text))
 
 
 def _lookup(starts, name):
@@ -256,6 +284,8 @@ def _class_scope(index, start):
     if first is None or not first.group(1):
         raise _Doubt("no indented class body")
     indent = len(first.group(1))
+    if indent > _MAX_INDENT:
+        raise _Doubt("a class body indented deeper than the index")
     inner = [s for s in index.starts if start.offset < s.offset < end and s.indent == indent]
     return indent, inner, end
 

@@ -181,7 +181,8 @@ _logging_ready = []
 
 def config():
     if not _config_cache:
-        load_all()  # FLASHFIX_DISABLE is checked against every patch id
+        if _config.names_patches():  # FLASHFIX_DISABLE names ids: it is checked against every patch id
+            load_all()
         _config_cache.append(_config.parse(set(_patches)))
     return _config_cache[0]
 
@@ -265,7 +266,7 @@ def targets_of(patch):
 
 def load_patch_module(name):
     """Called when an engine's top-level package is imported: hook its patches to their targets."""
-    load_all()  # every id must be known before FLASHFIX_DISABLE is checked
+    _declare(name)  # the other engines' patch modules load only if FLASHFIX_DISABLE names ids (config())
     cfg = config()
     _setup_logging(cfg)
     if cfg.problems and cfg.strict:  # at every import of the engine, not only the first
