@@ -1,13 +1,14 @@
 """flashfix: backports of upstream FlashInfer-backend fixes into vLLM and SGLang, applied at import.
 
-At interpreter start ``flashfix.pth`` imports only ``_flashfix_boot`` (a top-level module of a
-dozen lines with one finder), which imports this package the first time ``vllm``, ``sglang``
-or ``flashinfer`` is imported; so a Python process that never imports an engine (pip, a
-health check) pays for that small module alone. ``import flashfix`` itself, the engines'
-plugin entry points and ``flashfix.start`` (PEP 829) activate directly. No engine, torch,
-FlashInfer or wrapt is imported here. When an engine's top-level package is imported, the
-flashfix module that declares that engine's patches is loaded, and each patch is applied once
-its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
+At interpreter start ``flashfix.pth`` (``flashfix.start`` on Python 3.15+, PEP 829) imports
+only ``_flashfix_boot``, a top-level module of a few lines whose finder imports this package
+when the code of ``vllm``, ``sglang`` or ``flashinfer`` first starts to run (from that
+package's loader, not from a finder, where Python holds its global import lock); so a Python
+process that never imports an engine (pip, a health check) pays for that small module alone.
+``import flashfix`` itself and the engines' plugin entry points activate directly. No engine,
+torch, FlashInfer or wrapt is imported here. When an engine's top-level package is imported,
+the flashfix module that declares that engine's patches is loaded, and each patch is applied
+once its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
 loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
@@ -188,15 +189,19 @@ class _Finder:
 
 
 def _install():
-    """Put the finder at the front of sys.meta_path, once per process."""
+    """Put the finder on sys.meta_path, once per process: in the start-up finder's slot if there
+    is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing),
+    else at the front."""
     with _lock:
-        for finder in list(sys.meta_path):
-            if getattr(finder, "flashfix_boot", False):
-                sys.meta_path.remove(finder)  # the start-up finder's only job was to get here
-        for finder in sys.meta_path:
-            if getattr(finder, "flashfix_finder", False):
-                return
-        sys.meta_path.insert(0, _Finder())
+        boots = [i for i, finder in enumerate(sys.meta_path) if getattr(finder, "flashfix_boot", False)]
+        for i in boots:
+            sys.meta_path[i].retired = True  # the start-up finder's only job was to get here
+        if any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False) for f in sys.meta_path):
+            return
+        if boots:
+            sys.meta_path[boots[0]] = _Finder()
+        else:
+            sys.meta_path.insert(0, _Finder())
 
 
 def when_imported(name, callback):
