@@ -1,7 +1,7 @@
 """Sink-aware paged prefill on a GPU: vLLM's pre-fix path (FlashInfer's generic wrapper given
 ``sinks=``, which fa2/fa3 ignore) against the path flashfix's ``vllm-sink-prefill`` patch takes
-(its ``prefill_factory`` builds the sink wrapper, its ``edit_forward`` dispatches the call),
-both against a float64 reference. bf16, page size 16, 16 query / 2 KV heads, head_dim 64.
+(its ``edit_factory`` makes the factory build the sink wrapper, its ``edit_forward`` dispatches
+the call), both against a float64 reference. bf16, page size 16, 16 query / 2 KV heads, head_dim 64.
 
     python benchmarks/gpu_sink_prefill.py [--deadline SECONDS]
 

@@ -47,7 +47,7 @@ class Replace:
     def __init__(self, module, owner, name, replacement, call, delegate):
         self.module, self.owner, self.name = module, owner, name
         self.replacement = replacement  # the flashfix function whose source is shown
-        self.call = call  # how the runtime builds the value, e.g. "prefill_factory(<original>, <module>)"
+        self.call = call  # how the runtime builds the value, e.g. "_wrap_init(<the installed __init__>, ...)"
         self.delegate = delegate  # Location of the installed function it calls, or None
 
 

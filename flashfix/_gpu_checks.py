@@ -11,8 +11,8 @@ Three checks:
 
 ``sink_prefill``     paged prefill of a model with attention sinks: FlashInfer's generic
                      wrapper given ``sinks=`` (the pre-fix vLLM path, which drops the sinks)
-                     against the path flashfix's vLLM patch takes (``prefill_factory`` builds
-                     the sink wrapper, ``edit_forward`` dispatches the call).
+                     against the path flashfix's vLLM patch takes (``edit_factory`` makes the
+                     factory build the sink wrapper, ``edit_forward`` dispatches the call).
 ``fp8_paged``        SGLang's ragged + paged prefill over an FP8 (e4m3) cache with scales far
                      from 1, merged by log-sum-exp: the paged read without the scales (pre-fix)
                      against the call flashfix's SGLang patch produces.
@@ -252,15 +252,61 @@ def _fixed_vllm_forward():
     return twin
 
 
-def _vllm_stand_ins(backend, window_left, workspace_for):
-    """(pre-fix ``_get_prefill_wrapper``, flashfix's factory, builder) for a layer group with sinks."""
-    import torch
-    import flashinfer
-    from flashfix import vllm_patch
+_STAND_IN_BACKEND = "auto"  # the generic wrapper's backend in the stand-in factory (set per check)
 
-    sink_cls = flashinfer.BatchAttentionWithAttentionSinkWrapper
-    generic_cls = flashinfer.BatchPrefillWithPagedKVCacheWrapper
-    globals()["BatchAttentionWithAttentionSinkWrapper"] = sink_cls  # the name part C of the patch adds
+
+def _prefix_vllm_factory(self, causal=True):
+    """vLLM's pre-fix ``FlashInferMetadataBuilder._get_prefill_wrapper``, reduced to its two
+    constructions of the generic wrapper (the statements flashfix's factory edit rewrites)."""
+    if causal:
+        if self._prefill_wrapper is None:
+            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
+        return self._prefill_wrapper
+    if self._noncausal_prefill_wrapper is None:
+        self._noncausal_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
+    return self._noncausal_prefill_wrapper
+
+
+# The GPU test that vLLM's pre-fix ``supports_sink`` admits sinks with (SM12x); the stand-in
+# ``current_platform`` below answers it as an SM12x GPU would, on any GPU.
+SINK_GPUS = "current_platform.is_device_capability_family(120)"
+
+
+_fixed_factory = []
+
+
+def _fixed_vllm_factory():
+    """A copy of the stand-in factory with flashfix's factory edit (``vllm_patch.edit_factory``)
+    applied through the registry's rewrite, as the patch rewrites vLLM's own factory (once per
+    process: it reads its classes from the module globals at each call)."""
+    import ast
+
+    from flashfix import _registry, vllm_patch
+
+    if _fixed_factory:
+        return _fixed_factory[0]
+    _registry.load_all()
+    original = _prefix_vllm_factory
+    twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
+                              original.__closure__)
+    twin.__qualname__ = original.__qualname__
+    gpus = ast.parse(SINK_GPUS, mode="eval").body
+    change = _registry.rewrite(twin, vllm_patch.edit_factory(gpus), vllm_patch.PATCH_ID)
+    change.apply()
+    _fixed_factory.append(twin)
+    return twin
+
+
+def _vllm_stand_ins(backend, window_left, workspace_for, sink_cls=None, generic_cls=None):
+    """(pre-fix ``_get_prefill_wrapper``, flashfix's factory, builder) for a layer group with sinks.
+    The factories' module globals (the wrapper classes, the platform and the layout) are set
+    here: FlashInfer's classes by default, the sink wrapper forced to ``backend``."""
+    import torch
+
+    if sink_cls is None or generic_cls is None:
+        import flashinfer
+
+        sink_cls, generic_cls = flashinfer.BatchAttentionWithAttentionSinkWrapper, flashinfer.BatchPrefillWithPagedKVCacheWrapper
 
     if backend == "auto":
         sink_for_module = sink_cls
@@ -270,16 +316,13 @@ def _vllm_stand_ins(backend, window_left, workspace_for):
                 kwargs["backend"] = backend
                 super().__init__(*args, **kwargs)
 
-    module = types.SimpleNamespace(
-        current_platform=types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
-        BatchAttentionWithAttentionSinkWrapper=sink_for_module,
-        get_kv_cache_layout=lambda: "NHD",
-    )
-
-    def original(self, causal=True):  # the pre-fix factory: always the generic wrapper
-        if self._prefill_wrapper is None:
-            self._prefill_wrapper = generic_cls(self._get_workspace_buffer(), "NHD", backend=backend)
-        return self._prefill_wrapper
+    globals().update({
+        SINK: sink_for_module,  # the name part C of the patch adds to vLLM's module
+        "BatchPrefillWithPagedKVCacheWrapper": generic_cls,
+        "current_platform": types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
+        "get_kv_cache_layout": lambda: "NHD",
+        "_STAND_IN_BACKEND": backend,
+    })
 
     def builder():
         return types.SimpleNamespace(
@@ -287,7 +330,7 @@ def _vllm_stand_ins(backend, window_left, workspace_for):
             kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left, _prefill_wrapper=None,
             _noncausal_prefill_wrapper=None, _get_workspace_buffer=workspace_for)
 
-    return original, vllm_patch.prefill_factory(original, module), builder
+    return _prefix_vllm_factory, _fixed_vllm_factory(), builder
 
 
 def sink_prefill(backend="auto", cases=SINK_CASES, timed=TIMED_CASE, seed=0, log=None):

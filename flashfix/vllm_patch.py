@@ -85,7 +85,6 @@ Delete when
 
 import ast
 import copy
-import functools
 
 from flashfix import _registry, _source
 from flashfix._source import ShapeError
@@ -382,33 +381,6 @@ def _check_builder(tree):
     lacking = [a for a in _BUILDER_ATTRS if a not in assigned]
     if lacking:
         raise ShapeError("%s never sets %s" % (BUILDER, ", ".join(lacking)))
-
-
-def prefill_factory(original, module):
-    """The sink branch as a closure around ``original``, for ``flashfix verify``'s stand-in
-    builder (``flashfix/_gpu_checks.py``), which has no engine source to rewrite: family 120,
-    the layout from ``module.get_kv_cache_layout()``, everything else handed to ``original``.
-    The patch does not use it: it rewrites the build's own factory (``edit_factory``)."""
-
-    @functools.wraps(original)
-    def _get_prefill_wrapper(self, causal=True):
-        if self.has_sinks and not self.use_dcp:
-            slot = "_prefill_wrapper" if causal else "_noncausal_prefill_wrapper"
-            if getattr(self, slot) is None and module.current_platform.is_device_capability_family(120):
-                if self.is_kvcache_nvfp4:
-                    if not causal:
-                        return original(self, causal)
-                    raise NotImplementedError(NVFP4_REFUSAL)
-                wrapper = module.BatchAttentionWithAttentionSinkWrapper(
-                    self._get_workspace_buffer(), module.get_kv_cache_layout(), backend="auto",
-                    q_data_type=self.q_data_type_prefill, kv_data_type=self.kv_cache_dtype,
-                    head_dim_qk=self.head_dim, head_dim_vo=self.head_dim, window_left=self.window_left)
-                setattr(self, slot, wrapper)
-                _registry.note_ran(PATCH_ID)
-                return wrapper
-        return original(self, causal)
-
-    return _get_prefill_wrapper
 
 
 # --- part B: the prefill call in forward --------------------------------------------------------

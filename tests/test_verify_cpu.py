@@ -47,3 +47,54 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
     assert r["results"] == {"ok": True, "too far": False, "crash": False}
     assert "ok: pass, max relative error with flashfix 0.001 (threshold 0.005), without the fix 0.6" in proc.stdout
     assert "too far: FAIL" in proc.stdout and "ZeroDivisionError" in proc.stdout
+
+
+def test_vllm_check_builds_through_the_runtime_factory_edit():
+    # The GPU check's factory is the runtime's own edit (vllm_patch.edit_factory) applied to a
+    # stand-in of vLLM's pre-fix factory; here its constructions are recorded, on the CPU.
+    code = '''
+import json, types
+from flashfix import _gpu_checks, _registry
+
+class Recorder:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+class Sink(Recorder): pass
+class Generic(Recorder): pass
+
+def describe(w):
+    return [type(w).__name__, list(w.args), {k: str(v) for k, v in sorted(w.kwargs.items())}]
+
+out = {}
+for backend in ("auto", "fa2"):
+    original, fixed, builder = _gpu_checks._vllm_stand_ins(backend, 128, lambda: "workspace", Sink, Generic)
+    b = builder()
+    out[backend] = {"fixed": describe(fixed(b)), "cached": fixed(b) is b._prefill_wrapper,
+                    "noncausal": describe(fixed(b, causal=False)), "original": describe(original(builder()))}
+b = builder(); b.has_sinks = False
+out["no sinks"] = describe(fixed(b))
+_gpu_checks.current_platform.is_device_capability_family = lambda family: False
+out["not SM12x"] = describe(fixed(builder()))
+b = builder(); b.is_kvcache_nvfp4 = True
+try:
+    _gpu_checks.current_platform.is_device_capability_family = lambda family: family == 120
+    fixed(b)
+except NotImplementedError as exc:
+    out["nvfp4"] = "NotImplementedError"
+out["same function"] = _gpu_checks._fixed_vllm_factory() is fixed
+out["code differs"] = fixed.__code__.co_code != original.__code__.co_code
+print("FLASHFIX_RESULT=" + json.dumps(out))
+'''
+    (r,) = engine_env.run("vllm==0.28.0", code)
+    sink = {"backend": "auto", "head_dim_qk": "64", "head_dim_vo": "64", "kv_data_type": "torch.bfloat16",
+            "q_data_type": "torch.bfloat16", "window_left": "128"}
+    assert r["auto"]["fixed"] == ["Sink", ["workspace", "NHD"], sink]
+    assert r["auto"]["noncausal"] == ["Sink", ["workspace", "NHD"], sink]
+    assert r["auto"]["cached"] is True
+    assert r["auto"]["original"] == ["Generic", ["workspace", "NHD"], {"backend": "auto"}]
+    # on SM12x FlashInfer's "auto" picks fa2: the check forces it through a subclass
+    assert r["fa2"]["fixed"] == ["sink_for_module", ["workspace", "NHD"], dict(sink, backend="fa2")]
+    assert r["fa2"]["original"] == ["Generic", ["workspace", "NHD"], {"backend": "fa2"}]
+    assert r["no sinks"] == r["not SM12x"] == ["Generic", ["workspace", "NHD"], {"backend": "fa2"}]
+    assert r["nvfp4"] == "NotImplementedError"
+    assert r["same function"] is True and r["code differs"] is True
