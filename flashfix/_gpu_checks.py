@@ -237,19 +237,24 @@ class _VllmImplStandIn:
         return out_prefill
 
 
-def _fixed_vllm_forward():
-    """A copy of the stand-in ``forward`` with flashfix's vLLM edit applied through the
-    registry's rewrite (as the patch does to vLLM's own ``forward``)."""
+def _rewritten_copy(original, edit):
+    """A copy of ``original`` with a vLLM patch edit applied through the registry's rewrite, as
+    the patch does to vLLM's own function."""
     from flashfix import _registry, vllm_patch
 
     _registry.load_all()  # the patch ids must be known for its run markers
-    original = _VllmImplStandIn.forward
     twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
                               original.__closure__)
     twin.__qualname__ = original.__qualname__
-    change = _registry.rewrite(twin, vllm_patch.edit_forward, vllm_patch.PATCH_ID)
-    change.apply()
+    _registry.rewrite(twin, edit, vllm_patch.PATCH_ID).apply()
     return twin
+
+
+def _fixed_vllm_forward():
+    """The stand-in ``forward`` with flashfix's forward edit (``vllm_patch.edit_forward``)."""
+    from flashfix import vllm_patch
+
+    return _rewritten_copy(_VllmImplStandIn.forward, vllm_patch.edit_forward)
 
 
 _STAND_IN_BACKEND = "auto"  # the generic wrapper's backend in the stand-in factory (set per check)
@@ -276,25 +281,16 @@ _fixed_factory = []
 
 
 def _fixed_vllm_factory():
-    """A copy of the stand-in factory with flashfix's factory edit (``vllm_patch.edit_factory``)
-    applied through the registry's rewrite, as the patch rewrites vLLM's own factory (once per
-    process: it reads its classes from the module globals at each call)."""
+    """The stand-in factory with flashfix's factory edit (``vllm_patch.edit_factory``), made once
+    per process (it reads its classes from the module globals at each call)."""
     import ast
 
-    from flashfix import _registry, vllm_patch
+    from flashfix import vllm_patch
 
-    if _fixed_factory:
-        return _fixed_factory[0]
-    _registry.load_all()
-    original = _prefix_vllm_factory
-    twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
-                              original.__closure__)
-    twin.__qualname__ = original.__qualname__
-    gpus = ast.parse(SINK_GPUS, mode="eval").body
-    change = _registry.rewrite(twin, vllm_patch.edit_factory(gpus), vllm_patch.PATCH_ID)
-    change.apply()
-    _fixed_factory.append(twin)
-    return twin
+    if not _fixed_factory:
+        gpus = ast.parse(SINK_GPUS, mode="eval").body
+        _fixed_factory.append(_rewritten_copy(_prefix_vllm_factory, vllm_patch.edit_factory(gpus)))
+    return _fixed_factory[0]
 
 
 def _vllm_stand_ins(backend, window_left, workspace_for, sink_cls=None, generic_cls=None):

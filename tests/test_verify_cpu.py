@@ -81,6 +81,17 @@ try:
     fixed(b)
 except NotImplementedError as exc:
     out["nvfp4"] = "NotImplementedError"
+class Run(Recorder):
+    def run(self, *args, **kwargs):
+        self.ran = [list(map(str, args)), {k: str(v) for k, v in sorted(kwargs.items())}]
+forward = _gpu_checks._fixed_vllm_forward()
+impl = _gpu_checks._VllmImplStandIn(0.5, "S")
+layer = types.SimpleNamespace(_q_scale_float=2.0, _k_scale_float=3.0, _v_scale_float=4.0)
+for label, cls in (("forward sink", type("SinkRun", (Run, Sink), {})), ("forward generic", Run)):
+    _gpu_checks.BatchAttentionWithAttentionSinkWrapper = Sink
+    wrapper = cls()
+    forward(impl, layer, wrapper, "q", "kv", "out", None)
+    out[label] = wrapper.ran
 out["same function"] = _gpu_checks._fixed_vllm_factory() is fixed
 out["code differs"] = fixed.__code__.co_code != original.__code__.co_code
 print("FLASHFIX_RESULT=" + json.dumps(out))
@@ -98,3 +109,7 @@ print("FLASHFIX_RESULT=" + json.dumps(out))
     assert r["no sinks"] == r["not SM12x"] == ["Generic", ["workspace", "NHD"], {"backend": "fa2"}]
     assert r["nvfp4"] == "NotImplementedError"
     assert r["same function"] is True and r["code differs"] is True
+    # forward: the sink wrapper gets the sinks and the merged scale sm_scale * q_scale * k_scale
+    assert r["forward sink"] == [["q", "kv", "S", "3.0"], {"out": "out", "v_scale": "4.0"}]
+    assert r["forward generic"] == [["q", "kv"], {"k_scale": "3.0", "kv_cache_sf": "None", "out": "out",
+                                                  "q_scale": "2.0", "v_scale": "4.0"}]
