@@ -1,8 +1,6 @@
 """The start-up hook (startup/_flashfix_boot.py), as flashfix.pth runs it, with fake engine
 packages: this tests flashfix's own mechanism, not an engine."""
 
-import subprocess
-import sys
 import textwrap
 
 from conftest import REPO, run_py

@@ -1,9 +1,9 @@
 """Helpers for the ``flashfix doctor --path/--python`` and ``flashfix diff`` tests (tests/test_vet*.py).
 
 * ``wheel(requirement)``: a released wheel from PyPI, downloaded once into
-  ``$FLASHFIX_WHEEL_CACHE`` (default ``~/.cache/flashfix-wheels``) with ``pip download
-  --no-deps`` (the system ``python3``'s pip: the test virtual environment that uv makes has
-  none), so a clean machine fetches what it needs and reruns are fast.
+  ``$FLASHFIX_WHEEL_CACHE`` (default ``~/.cache/flashfix-wheels``) from the URL and sha256 that
+  PyPI's JSON API gives (the wheel ``scripts/sweep_releases.py`` would read), so a clean
+  machine fetches what it needs without pip, and reruns are fast.
 * ``cli(...)``: ``python -m flashfix`` from this checkout, in a fresh process.
 * ``doctor_inside(python, pythonpath)``: ``python -m flashfix doctor --json`` run inside an
   environment, flashfix importable from this checkout: what the outside views must equal.
@@ -13,12 +13,13 @@
 """
 
 import glob
+import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +30,13 @@ def wheel_cache():
     return Path(os.environ.get("FLASHFIX_WHEEL_CACHE", Path.home() / ".cache" / "flashfix-wheels"))
 
 
-def _pip_python():
-    for candidate in (sys.executable, shutil.which("python3")):
-        if candidate and subprocess.run([candidate, "-m", "pip", "--version"], capture_output=True).returncode == 0:
-            return candidate
-    raise RuntimeError("no interpreter with pip to download wheels with (python3 -m pip)")
+def _sweep():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_releases", REPO / "scripts" / "sweep_releases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wheel(requirement):
@@ -44,9 +47,22 @@ def wheel(requirement):
     pattern = str(cache / ("%s-%s-*.whl" % (stem, version)))
     found = glob.glob(pattern)
     if not found:
+        sweep = _sweep()
+        http = sweep.session()
+        page, data = sweep.index_json(name, sweep.INDEX, http)  # (a mirror may answer no per-version page)
+        entry = sweep.pick_wheel(data["releases"].get(version, ()))
+        assert entry is not None, "%s has no wheel for this platform" % requirement
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([_pip_python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--disable-pip-version-check", requirement, "-d", str(cache)], check=True)
+        partial = cache / (entry["filename"] + ".part")
+        digest = hashlib.sha256()
+        url = urllib.parse.urljoin(page, entry["url"])  # a mirror's URLs may be relative to the page
+        with http.get(url, stream=True, timeout=120) as answer, open(partial, "wb") as out:
+            answer.raise_for_status()
+            for chunk in answer.iter_content(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        assert digest.hexdigest() == entry["digests"]["sha256"], "%s: sha256 differs from the index's" % url
+        os.replace(partial, cache / entry["filename"])
         found = glob.glob(pattern)
     assert len(found) == 1, (requirement, found)
     return Path(found[0])
