@@ -13,7 +13,7 @@ ignored and flashfix carries on; in strict mode it is a ``ConfigError``.
 
 import logging
 import os
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -37,13 +37,12 @@ class ConfigError(ValueError):
     """A FLASHFIX_* environment variable holds a value flashfix does not accept."""
 
 
-@dataclass(frozen=True)
-class Config:
-    disable_all: bool = False
-    disabled: frozenset = frozenset()
-    strict: bool = False
-    log_level: int = logging.INFO
-    problems: tuple = field(default=())  # one human sentence per malformed value
+class Config(namedtuple("Config", "disable_all disabled strict log_level problems",
+                         defaults=(False, frozenset(), False, logging.INFO, ()))):
+    """The controls, read once: ``problems`` holds one human sentence per malformed value. (A
+    named tuple, not a dataclass: ``dataclasses`` imports ``inspect``.)"""
+
+    __slots__ = ()
 
     def is_disabled(self, patch_id):
         return self.disable_all or patch_id in self.disabled

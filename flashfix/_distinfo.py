@@ -20,23 +20,30 @@ def _normalize(name):  # as importlib.metadata's Prepared.normalize
     return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
 
 
+_listings = {}  # sys.path entry -> (its mtime, {normalised name: metadata folders in listdir order})
+
+
 def _folders(entry, wanted):
     """The metadata folders of ``entry`` for normalised name ``wanted``, in listdir order;
-    None if ``entry`` cannot be listed (listed anew at each call: nothing is kept)."""
+    None if ``entry`` cannot be listed. A listing is kept while the folder's mtime (which any
+    install or removal in it changes) stays the same: only the metadata folders' names."""
     try:
+        mtime = os.stat(entry or ".").st_mtime_ns
+        kept = _listings.get(entry)
+        if kept is not None and kept[0] == mtime:
+            return kept[1].get(wanted, [])
         children = os.listdir(entry or ".")
     except OSError:
         if os.path.exists(entry or "."):
             return None  # a file (a zip?) or unreadable: importlib.metadata may see more
         return []
-    found = []
+    names = {}
     for child in children:
         low = child.lower()
         if low.endswith((".dist-info", ".egg-info")):
-            name = low.rpartition(".")[0].partition("-")[0]
-            if name[:1].replace("-", "_").replace(".", "_") == wanted[:1] and _normalize(name) == wanted:
-                found.append(child)
-    return found
+            names.setdefault(_normalize(low.rpartition(".")[0].partition("-")[0]), []).append(child)
+    _listings[entry] = (mtime, names)
+    return names.get(wanted, [])
 
 
 def _only_path_finder():
@@ -46,9 +53,9 @@ def _only_path_finder():
     return finders == [PathFinder]
 
 
-def version(dist):
-    """The ``Version`` of distribution ``dist`` as importlib.metadata would read it, None if
-    it is not installed, or ``UNSURE``."""
+def metadata_file(dist):
+    """The METADATA file that ``importlib.metadata`` reads for distribution ``dist``, None if it
+    is not installed, or ``UNSURE``."""
     wanted = _normalize(dist)
     if not dist or not _only_path_finder():
         return UNSURE
@@ -64,13 +71,24 @@ def version(dist):
         low = folder.lower()
         if not low.endswith(".dist-info") or low.rpartition(".")[0].partition("-")[0] != wanted:
             return UNSURE
-        try:
-            with open(os.path.join(entry or ".", folder, "METADATA"), encoding="utf-8") as handle:
-                text = handle.read()
-        except (OSError, UnicodeDecodeError):
-            return UNSURE
-        return _version_header(text)
+        import pathlib  # the path as importlib.metadata spells it (pathlib.Path(entry, folder))
+
+        return str(pathlib.Path(entry, folder, "METADATA"))
     return None
+
+
+def version(dist):
+    """The ``Version`` of distribution ``dist`` as importlib.metadata would read it, None if
+    it is not installed, or ``UNSURE``."""
+    path = metadata_file(dist)
+    if path is None or path is UNSURE:
+        return path
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return UNSURE
+    return _version_header(text)
 
 
 def _version_header(text):

@@ -139,6 +139,11 @@ class ImportSystem:
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
+        from flashfix import _distinfo
+
+        path = _distinfo.metadata_file(dist)  # where that is sure to be importlib.metadata's file
+        if path is not _distinfo.UNSURE and (path is None or _distinfo.version(dist) is not _distinfo.UNSURE):
+            return None if path is None else (path, _sha256_file(path))
         from importlib import metadata
 
         try:

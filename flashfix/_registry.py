@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from collections import namedtuple
 
 import flashfix
 from flashfix import _config, _locate, _source
@@ -52,26 +52,24 @@ class PatchError(flashfix.HookAbort):
     """Strict mode: an affected engine could not be patched. Raised from the engine's import."""
 
 
-@dataclass(frozen=True)
-class Shape:
-    kind: str  # FIXED, ABSENT, BUGGY or UNKNOWN
-    reason: str
+# Plain named tuples, not dataclasses: ``dataclasses`` imports ``inspect``, a sixth of what
+# ``flashfix doctor`` spends on imports.
+Shape = namedtuple("Shape", "kind reason")  # kind: FIXED, ABSENT, BUGGY or UNKNOWN
 
-
-@dataclass(frozen=True)
-class Patch:
-    id: str
-    engine: str  # distribution name
-    targets: object  # modules that must be imported before the patch can apply: a tuple, or a
-    # callable returning one, read from the source when the engine's top package is imported
-    # (the module that defines the code to change, in this engine's layout)
-    versions: str  # PEP 440 specifiers: where the pre-fix shape may be patched
-    upstream: str  # the upstream PR
-    fixed_in: str  # first release that carries the fix
-    delete_when: str
-    summary: str
-    probe: object  # (trees: {module: ast.Module or None}) -> Shape
-    prepare: object  # (modules: {module: module object}) -> [change, ...]
+Patch = namedtuple("Patch", [
+    "id",
+    "engine",  # distribution name
+    "targets",  # modules that must be imported before the patch can apply: a tuple, or a callable
+    # returning one, read from the source when the engine's top package is imported (the module
+    # that defines the code to change, in this engine's layout)
+    "versions",  # PEP 440 specifiers: where the pre-fix shape may be patched
+    "upstream",  # the upstream PR
+    "fixed_in",  # first release that carries the fix
+    "delete_when",
+    "summary",
+    "probe",  # (trees: {module: ast.Module or None}) -> Shape
+    "prepare",  # (modules: {module: module object}) -> [change, ...]
+])
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------
@@ -308,6 +306,14 @@ def engine_version(dist):
 def in_range(patch, version):
     if version is None:
         return True  # a source checkout without metadata: the shape gate decides alone
+    from flashfix import _versions
+
+    try:
+        answer = _versions.contains(patch.versions, version)
+    except ValueError:  # not a PEP 440 version
+        return False
+    if answer is not _versions.UNSUPPORTED:
+        return answer
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 

@@ -490,6 +490,9 @@ def _mentions_word(tree, word):
 
 def _vision_probe(trees):
     tree = trees[MODEL_CONFIG]
+    shape = _vision_site(_source.find_def(tree, "ModelConfig.__init__"))[1]
+    if shape.kind in (BUGGY, FIXED):  # __init__ assigns the attribute: the module mentions it
+        return shape  # (decided from that method alone, without walking the whole module)
     cls = _source.find_def(tree, "ModelConfig")
     if not _mentions_word(tree, VISION_ATTR) and isinstance(cls, ast.ClassDef):
         if any(not (isinstance(b, ast.Name) and b.id == "object") for b in cls.bases) or cls.keywords:
@@ -497,7 +500,7 @@ def _vision_probe(trees):
                          % (MODEL_CONFIG, VISION_ATTR))
         return Shape(ABSENT, "ModelConfig has no %s in this release (%s never assigns or mentions it)"
                      % (VISION_ATTR, MODEL_CONFIG))
-    return _vision_site(_source.find_def(tree, "ModelConfig.__init__"))[1]
+    return shape
 
 
 def _vision_edit(func_def, mark):
