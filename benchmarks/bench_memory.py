@@ -3,7 +3,8 @@
 In a real engine environment, a fresh process imports the patch targets (flashfix active, or
 ``FLASHFIX_DISABLE=all``), alternating, and reports its resident set (``VmRSS``) and peak
 (``VmHWM``) after a ``gc.collect()``. Prints the medians per column and the median of the
-paired differences.
+paired differences. flashfix is imported from a copy with its bytecode compiled (as installed
+in an image), so the figure is flashfix's, not the compiler's.
 
     python benchmarks/bench_memory.py [--runs 3] [--release sglang==0.5.17 --release vllm==0.28.0]
 """
@@ -11,9 +12,11 @@ paired differences.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,13 +45,22 @@ print("RESULT=" + json.dumps({"rss": kib("VmRSS"), "hwm": kib("VmHWM"), "states"
 '''
 
 
-def measure(requirement, runs):
+def compiled_copy(root):
+    """flashfix copied with its bytecode compiled, as an image installs it: under
+    PYTHONDONTWRITEBYTECODE=1 the checkout's modules would be compiled in every process, and
+    the compiler's memory would count as flashfix's."""
+    shutil.copytree(REPO / "flashfix", Path(root) / "flashfix", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(root) / "flashfix")], check=True)
+    return root
+
+
+def measure(requirement, runs, path):
     import engine_env
 
     python = engine_env.env_python(requirement)
     engine = requirement.split("==")[0]
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
-    base.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", FLASHFIX_LOG_LEVEL="WARNING")
+    base.update(PYTHONPATH=str(path), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", FLASHFIX_LOG_LEVEL="WARNING")
     columns = {"active": "import flashfix\n", "disabled": ""}
     values = {name: [] for name in columns}
     states = None
@@ -80,7 +92,9 @@ def main():
     parser.add_argument("--release", action="append")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = [measure(r, args.runs) for r in (args.release or ["sglang==0.5.17", "vllm==0.28.0"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = compiled_copy(tmp)
+        rows = [measure(r, args.runs, path) for r in (args.release or ["sglang==0.5.17", "vllm==0.28.0"])]
     if args.json:
         print(json.dumps(rows))
         return

@@ -7,10 +7,11 @@ image; installed without compiled bytecode, which under PYTHONDONTWRITEBYTECODE=
 at every start), then times ``python -c pass`` in them, interleaved, and prints medians,
 ratios to the bare interpreter and the difference to the floor.
 
-    python benchmarks/bench_startup.py [--runs 40]
+    python benchmarks/bench_startup.py [--runs 40] [--json]
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -56,6 +57,7 @@ def wall(cmd, env):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("FLASHFIX_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -97,24 +99,36 @@ def main():
             addsite[name] = [float(subprocess.run([str(pythons["absent"]), "-c", code], env=env, capture_output=True,
                                                   text=True, check=True, cwd=tmp).stdout) for _ in range(args.runs)]
     base = statistics.median(times["absent"])
-    floor = statistics.median(times["floor"])
-    print("python %s, %d interleaved runs each, PYTHONDONTWRITEBYTECODE=1" % (sys.version.split()[0], args.runs))
-    print("| environment | median `python -c pass` | ratio to bare | over the floor (paired median) |")
-    print("| --- | --- | --- | --- |")
     labels = {"absent": "bare (flashfix absent)", "floor": "floor: .pth + 4-line compiled module",
               "compiled": "flashfix, bytecode compiled at install", "uncompiled": "flashfix, no compiled bytecode"}
-    for name in pythons:
-        med = statistics.median(times[name])
-        over = statistics.median(a - b for a, b in zip(times[name], times["floor"]))
-        print("| %s | %.2f ms | %.3f | %+.3f ms |" % (labels[name], med * 1e3, med / base, over * 1e3))
+    figures = {
+        "python": sys.version.split()[0], "runs": args.runs,
+        "wall_ms": {name: {"label": labels[name], "median": statistics.median(times[name]) * 1e3,
+                           "ratio_to_bare": statistics.median(times[name]) / base,
+                           "over_floor_paired": statistics.median(a - b for a, b in zip(times[name], times["floor"])) * 1e3}
+                    for name in pythons},
+        "import_flashfix_ms": statistics.median(imports),
+        "site_packages_in_process_ms": {name: {"median": statistics.median(v), "min": min(v)}
+                                        for name, v in addsite.items()},
+    }
+    figures["site_packages_in_process_ms"]["compiled"]["over_floor_median"] = (
+        figures["site_packages_in_process_ms"]["compiled"]["median"] - figures["site_packages_in_process_ms"]["floor"]["median"])
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print("python %s, %d interleaved runs each, PYTHONDONTWRITEBYTECODE=1" % (figures["python"], args.runs))
+    print("| environment | median `python -c pass` | ratio to bare | over the floor (paired median) |")
+    print("| --- | --- | --- | --- |")
+    for row in figures["wall_ms"].values():
+        print("| %s | %.2f ms | %.3f | %+.3f ms |" % (row["label"], row["median"], row["ratio_to_bare"],
+                                                    row["over_floor_paired"]))
     print("floor over bare: %+.3f ms (paired median)"
           % (statistics.median(a - b for a, b in zip(times["floor"], times["absent"])) * 1e3))
     print("`import flashfix` alone (bytecode compiled, hook installed, no engine): median %.3f ms"
-          % statistics.median(imports))
-    for name, values in addsite.items():
+          % figures["import_flashfix_ms"])
+    for name, values in figures["site_packages_in_process_ms"].items():
         print("processing the installed site-packages (flashfix.pth included), in-process, %s: median %.3f ms, "
-              "min %.3f ms" % (name, statistics.median(values), min(values)))
-
+              "min %.3f ms" % (name, values["median"], values["min"]))
 
 if __name__ == "__main__":
     main()
