@@ -53,9 +53,9 @@ def _only_path_finder():
     return finders == [PathFinder]
 
 
-def metadata_file(dist):
-    """The METADATA file that ``importlib.metadata`` reads for distribution ``dist``, None if it
-    is not installed, or ``UNSURE``."""
+def metadata(dist):
+    """``(METADATA file, Version)`` of distribution ``dist`` as ``importlib.metadata`` would read
+    them, None if it is not installed, or ``UNSURE``."""
     wanted = _normalize(dist)
     if not dist or not _only_path_finder():
         return UNSURE
@@ -73,22 +73,22 @@ def metadata_file(dist):
             return UNSURE
         import pathlib  # the path as importlib.metadata spells it (pathlib.Path(entry, folder))
 
-        return str(pathlib.Path(entry, folder, "METADATA"))
+        path = str(pathlib.Path(entry, folder, "METADATA"))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError):
+            return UNSURE
+        value = _version_header(text)
+        return UNSURE if value is UNSURE else (path, value)
     return None
 
 
 def version(dist):
     """The ``Version`` of distribution ``dist`` as importlib.metadata would read it, None if
     it is not installed, or ``UNSURE``."""
-    path = metadata_file(dist)
-    if path is None or path is UNSURE:
-        return path
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
-        return UNSURE
-    return _version_header(text)
+    found = metadata(dist)
+    return found if found is None or found is UNSURE else found[1]
 
 
 def _version_header(text):

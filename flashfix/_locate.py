@@ -141,9 +141,11 @@ class ImportSystem:
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
         from flashfix import _distinfo
 
-        path = _distinfo.metadata_file(dist)  # where that is sure to be importlib.metadata's file
-        if path is not _distinfo.UNSURE and (path is None or _distinfo.version(dist) is not _distinfo.UNSURE):
-            return None if path is None else (path, _sha256_file(path))
+        found = _distinfo.metadata(dist)  # where that is sure to be importlib.metadata's file
+        if found is None:
+            return None
+        if found is not _distinfo.UNSURE:
+            return found[0], _sha256_file(found[0])
         from importlib import metadata
 
         try:

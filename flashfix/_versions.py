@@ -6,8 +6,9 @@ parses PEP 440 versions and evaluates the comparison clauses ``==``, ``!=``, ``<
 ``<`` and ``>`` (no wildcards) as ``SpecifierSet(spec, prereleases=True)`` of packaging 26
 does, exclusive ordered comparisons included (``<V`` admits no pre-release of V unless V is
 one, ``>V`` no post-release or local version of V). Older packaging releases read ``<V`` and
-``>V`` of a post- or dev-release V differently; the patches declare no such clause. Any other clause answers ``UNSUPPORTED``, and the caller asks
-``packaging``. ``tests/test_versions.py`` compares the two on every release of the engines.
+``>V`` of a post- or dev-release V differently; the patches declare no such clause. Any other
+clause answers ``UNSUPPORTED``, and the caller asks ``packaging``. ``tests/test_versions.py``
+compares the two on every release of the engines.
 """
 
 import re
