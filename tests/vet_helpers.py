@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.parse
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,15 +47,13 @@ def wheel(requirement):
     found = glob.glob(pattern)
     if not found:
         sweep = _sweep()
-        http = sweep.session()
-        page, data = sweep.index_json(name, sweep.INDEX, http)  # (a mirror may answer no per-version page)
-        entry = sweep.pick_wheel(data["releases"].get(version, ()))
+        (_, _, entry, _), = sweep.plan([(name, version)], dists=[name])  # the sweep's wheel, absolute URL
         assert entry is not None, "%s has no wheel for this platform" % requirement
         cache.mkdir(parents=True, exist_ok=True)
         partial = cache / (entry["filename"] + ".part")
         digest = hashlib.sha256()
-        url = urllib.parse.urljoin(page, entry["url"])  # a mirror's URLs may be relative to the page
-        with http.get(url, stream=True, timeout=120) as answer, open(partial, "wb") as out:
+        url = entry["url"]
+        with sweep.session().get(url, stream=True, timeout=120) as answer, open(partial, "wb") as out:
             answer.raise_for_status()
             for chunk in answer.iter_content(1 << 20):
                 digest.update(chunk)
