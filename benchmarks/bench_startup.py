@@ -111,8 +111,6 @@ def main():
         "site_packages_in_process_ms": {name: {"median": statistics.median(v), "min": min(v)}
                                         for name, v in addsite.items()},
     }
-    figures["site_packages_in_process_ms"]["compiled"]["over_floor_median"] = (
-        figures["site_packages_in_process_ms"]["compiled"]["median"] - figures["site_packages_in_process_ms"]["floor"]["median"])
     if args.json:
         print(json.dumps(figures))
         return
