@@ -125,11 +125,6 @@ class ImportSystem:
         return spec
 
     def version(self, dist):
-        from flashfix import _distinfo
-
-        found = _distinfo.version(dist)  # the METADATA file itself, where that is sure to agree
-        if found is not _distinfo.UNSURE:
-            return found
         from importlib import metadata
 
         try:
@@ -139,13 +134,6 @@ class ImportSystem:
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
-        from flashfix import _distinfo
-
-        found = _distinfo.metadata(dist)  # where that is sure to be importlib.metadata's file
-        if found is None:
-            return None
-        if found is not _distinfo.UNSURE:
-            return found[0], _sha256_file(found[0])
         from importlib import metadata
 
         try:

@@ -304,16 +304,10 @@ def engine_version(dist):
 
 
 def in_range(patch, version):
+    """Whether ``version`` is in the patch's declared range (pre-releases admitted); a version
+    that is not PEP 440 is outside every range (packaging decides both)."""
     if version is None:
         return True  # a source checkout without metadata: the shape gate decides alone
-    from flashfix import _versions
-
-    try:
-        answer = _versions.contains(patch.versions, version)
-    except ValueError:  # not a PEP 440 version
-        return False
-    if answer is not _versions.UNSUPPORTED:
-        return answer
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
