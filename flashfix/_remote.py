@@ -1,7 +1,7 @@
 """``flashfix doctor --python EXE``: read another environment through its interpreter.
 
-The other interpreter runs a small self-contained script (``SCRIPT``, standard library only;
-it imports neither flashfix nor any engine). It starts as that environment's Python always
+The other interpreter runs a small self-contained program (``flashfix/_remote_probe.py``, run
+by path; standard library only: it imports neither flashfix nor any engine). It starts as that environment's Python always
 starts, with ``site`` (so site-packages, ``.pth`` path entries and setuptools' editable
 finders are in place), then answers questions on its stdin, one JSON line each:
 
@@ -27,158 +27,51 @@ from flashfix import _locate
 
 PREFIX = "\x1eflashfix-remote "
 
-SCRIPT = r'''
-import json, os, sys
 
-PREFIX = "\x1eflashfix-remote "
+def probe_command(executable):
+    """The command that runs ``_remote_probe`` in ``executable``: by path where its file is on
+    disk; from a zipped install, its source (from the package's loader) through ``-c``.
+    SourceError where flashfix is installed without that source (``.pyc`` only)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_remote_probe.py")
+    if os.path.isfile(here):
+        return [executable, here]
+    import importlib.util
 
-
-def _path_finder(entry):
-    from importlib.machinery import PathFinder
-    cached = getattr(PathFinder, "_path_importer_cache", None)
-    if cached is not None:
-        return cached(entry)
-    if entry in sys.path_importer_cache:
-        return sys.path_importer_cache[entry]
-    for hook in sys.path_hooks:
-        try:
-            finder = hook(entry)
-        except ImportError:
-            continue
-        sys.path_importer_cache[entry] = finder
-        return finder
-    return None
-
-
-def _path_spec(name, path):
-    from importlib.machinery import ModuleSpec
-    portions = []
-    for entry in path:
-        if not isinstance(entry, str):
-            continue
-        finder = _path_finder(entry if entry else os.getcwd())
-        find = getattr(finder, "find_spec", None)
-        spec = find(name) if find is not None else None
-        if spec is None:
-            continue
-        if spec.loader is not None:
-            return spec
-        portions.extend(spec.submodule_search_locations or ())
-    if portions:
-        spec = ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = portions
-        return spec
-    return None
-
-
-def _meta_path_spec(name, path):
-    from importlib.machinery import PathFinder
-    for finder in list(sys.meta_path):
-        if getattr(finder, "flashfix_finder", False):
-            continue
-        if finder is PathFinder:
-            spec = _path_spec(name, sys.path if path is None else path)
-            if spec is not None:
-                return spec
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, path)
-        except Exception:
-            continue
-        if spec is not None:
-            return spec
-    return None
-
-
-def _spec(name):
-    parts = name.split(".")
-    path = None
-    spec = None
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        module = sys.modules.get(prefix)
-        if module is not None and depth < len(parts):
-            path = getattr(module, "__path__", None)
-            if path is None:
-                return None
-            continue
-        spec = _meta_path_spec(prefix, path)
-        if spec is None:
-            return None
-        if depth < len(parts):
-            if spec.submodule_search_locations is None:
-                return None
-            path = list(spec.submodule_search_locations)
-    return spec
-
-
-def find(name):
-    from importlib.machinery import SourceFileLoader
-    module = sys.modules.get(name)
-    spec = getattr(module, "__spec__", None) if module is not None else None
-    if spec is None:
-        spec = _spec(name)
-        if spec is None:
-            return {"found": False}
-    origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
-    if spec.loader is None and spec.submodule_search_locations is not None:
-        return {"found": True, "origin": origin, "kind": "namespace"}
-    loader = spec.loader
-    if (isinstance(loader, SourceFileLoader) and origin and os.path.isfile(origin)
-            and getattr(loader, "path", origin) == origin):
-        return {"found": True, "origin": origin, "kind": "file"}
     text = None
-    get_source = getattr(loader, "get_source", None)
-    if get_source is not None:
-        try:
-            text = get_source(name)
-        except (ImportError, OSError, UnicodeDecodeError):
-            text = None
-    if text is not None:
-        return {"found": True, "origin": origin, "kind": "text", "text": text}
-    if origin and origin.endswith(".py") and os.path.isfile(origin):
-        return {"found": True, "origin": origin, "kind": "file"}
-    return {"found": True, "origin": origin, "kind": "sourceless"}
-
-
-def version(dist):
-    from importlib import metadata
     try:
-        found = metadata.distribution(dist)
-    except metadata.PackageNotFoundError:
-        return {"version": None}
-    base = getattr(found, "_path", None)
-    file = None
-    if base is not None:
-        for name in ("METADATA", "PKG-INFO"):
-            if os.path.isfile(os.path.join(str(base), name)):
-                file = os.path.join(str(base), name)
-                break
-    return {"version": found.version, "file": file}
+        spec = importlib.util.find_spec("flashfix._remote_probe")
+        get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
+        text = get_source(spec.name) if get_source is not None else None
+    except (ImportError, OSError, UnicodeDecodeError):
+        text = None
+    if text is None:
+        raise _locate.SourceError("--python needs the source of flashfix/_remote_probe.py, which this install of "
+                                  "flashfix lacks (a sourceless install?)")
+    return [executable, "-c", text]
 
 
-def answer(value):
-    sys.stdout.write(PREFIX + json.dumps(value) + "\n")
-    sys.stdout.flush()
+
+def _is_list_of(value, kind):
+    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
 
 
-answer({"hello": True, "executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
-        "python": list(sys.version_info[:3]), "path": sys.path})
-for line in sys.stdin:
-    try:
-        request = json.loads(line)
-        if request.get("op") == "find":
-            answer(find(request["name"]))
-        elif request.get("op") == "version":
-            answer(version(request["dist"]))
-        else:
-            answer({"error": "unknown request"})
-    except Exception as exc:
-        answer({"error": repr(exc)})
-'''
+def _optional_str(value):
+    return value is None or isinstance(value, str)
+
+
+def _well_formed(op, value):
+    """Whether ``value`` has the form ``_remote_probe`` gives to request ``op``."""
+    if op == "version":
+        return _optional_str(value.get("version")) and _optional_str(value.get("file"))
+    if op == "find":
+        if value.get("found") is False:
+            return True
+        kind = value.get("kind")
+        return (value.get("found") is True and _optional_str(value.get("origin"))
+                and kind in ("file", "namespace", "sourceless", "text")
+                and (kind != "text" or isinstance(value.get("text"), str))
+                and (kind != "file" or isinstance(value.get("origin"), str)))
+    return True
 
 
 class PythonReader:
@@ -197,7 +90,7 @@ class PythonReader:
             raise _locate.SourceError("--python %s is a directory, not an interpreter" % self.executable)
         try:
             self._process = subprocess.Popen(
-                [self.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                probe_command(self.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace")
         except FileNotFoundError:
             raise _locate.SourceError("--python %s: no such file" % self.executable) from None
@@ -209,7 +102,8 @@ class PythonReader:
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         hello = self._receive(what="start")
-        if not hello.get("hello"):
+        if not (hello.get("hello") is True and _is_list_of(hello.get("python"), int) and len(hello["python"]) >= 2
+                and isinstance(hello.get("prefix"), str)):
             self.close()
             raise _locate.SourceError("--python %s did not answer as a Python interpreter" % self.executable)
         self.info = hello
@@ -251,9 +145,13 @@ class PythonReader:
             self.close()
             raise _locate.SourceError(problem)
         try:
-            return json.loads(line)
+            value = json.loads(line)
         except ValueError:
-            raise _locate.SourceError("--python %s answered something unreadable" % self.executable) from None
+            value = None
+        if not isinstance(value, dict):  # well framed, but not an answer of _remote_probe
+            self.close()
+            raise _locate.SourceError("--python %s answered something unreadable" % self.executable)
+        return value
 
     def _ask(self, request):
         key = json.dumps(request, sort_keys=True)
@@ -267,6 +165,8 @@ class PythonReader:
             self.close()
             raise _locate.SourceError(problem) from None
         value = self._receive(request.get("op"))
+        if "error" not in value and not _well_formed(request["op"], value):
+            value = {"error": "an answer of unexpected form: %.200s" % json.dumps(value)}
         if "error" in value:
             problem = "--python %s: %s failed there: %s" % (self.executable, key, value["error"])
             self.errors.append(problem)

@@ -1,0 +1,172 @@
+"""The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
+``EXE .../flashfix/_remote_probe.py``, never imported as part of flashfix).
+
+Standard library only: it imports neither flashfix nor any engine, and works on any Python the
+engines support. It starts as that environment's Python always starts, with ``site``, then
+answers questions on its stdin, one JSON line each (see ``flashfix._remote``): where a module
+is, found through ``sys.meta_path`` without importing it, and a distribution's version and
+metadata file, through ``importlib.metadata``.
+"""
+import json
+import os
+import sys
+
+# Run by path, this file's folder (flashfix/) is sys.path[0]: put back what ``python -c`` gives
+# (the current directory), so the environment is read as the engine's own processes see it.
+if __name__ == "__main__" and sys.path and "__file__" in globals() and os.path.realpath(
+        sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+    sys.path[0] = ""
+
+PREFIX = "\x1eflashfix-remote "
+
+
+def _path_finder(entry):
+    from importlib.machinery import PathFinder
+    cached = getattr(PathFinder, "_path_importer_cache", None)
+    if cached is not None:
+        return cached(entry)
+    if entry in sys.path_importer_cache:
+        return sys.path_importer_cache[entry]
+    for hook in sys.path_hooks:
+        try:
+            finder = hook(entry)
+        except ImportError:
+            continue
+        sys.path_importer_cache[entry] = finder
+        return finder
+    return None
+
+
+def _path_spec(name, path):
+    from importlib.machinery import ModuleSpec
+    portions = []
+    for entry in path:
+        if not isinstance(entry, str):
+            continue
+        finder = _path_finder(entry if entry else os.getcwd())
+        find = getattr(finder, "find_spec", None)
+        spec = find(name) if find is not None else None
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec
+        portions.extend(spec.submodule_search_locations or ())
+    if portions:
+        spec = ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = portions
+        return spec
+    return None
+
+
+def _meta_path_spec(name, path):
+    from importlib.machinery import PathFinder
+    for finder in list(sys.meta_path):
+        if getattr(finder, "flashfix_finder", False):
+            continue
+        if finder is PathFinder:
+            spec = _path_spec(name, sys.path if path is None else path)
+            if spec is not None:
+                return spec
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(name, path)
+        except Exception:
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def _spec(name):
+    parts = name.split(".")
+    path = None
+    spec = None
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        module = sys.modules.get(prefix)
+        if module is not None and depth < len(parts):
+            path = getattr(module, "__path__", None)
+            if path is None:
+                return None
+            continue
+        spec = _meta_path_spec(prefix, path)
+        if spec is None:
+            return None
+        if depth < len(parts):
+            if spec.submodule_search_locations is None:
+                return None
+            path = list(spec.submodule_search_locations)
+    return spec
+
+
+def find(name):
+    from importlib.machinery import SourceFileLoader
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None) if module is not None else None
+    if spec is None:
+        spec = _spec(name)
+        if spec is None:
+            return {"found": False}
+    origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
+    if spec.loader is None and spec.submodule_search_locations is not None:
+        return {"found": True, "origin": origin, "kind": "namespace"}
+    loader = spec.loader
+    if (isinstance(loader, SourceFileLoader) and origin and os.path.isfile(origin)
+            and getattr(loader, "path", origin) == origin):
+        return {"found": True, "origin": origin, "kind": "file"}
+    text = None
+    get_source = getattr(loader, "get_source", None)
+    if get_source is not None:
+        try:
+            text = get_source(name)
+        except (ImportError, OSError, UnicodeDecodeError):
+            text = None
+    if text is not None:
+        return {"found": True, "origin": origin, "kind": "text", "text": text}
+    if origin and origin.endswith(".py") and os.path.isfile(origin):
+        return {"found": True, "origin": origin, "kind": "file"}
+    return {"found": True, "origin": origin, "kind": "sourceless"}
+
+
+def version(dist):
+    from importlib import metadata
+    try:
+        found = metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return {"version": None}
+    base = getattr(found, "_path", None)
+    file = None
+    if base is not None:
+        for name in ("METADATA", "PKG-INFO"):
+            if os.path.isfile(os.path.join(str(base), name)):
+                file = os.path.join(str(base), name)
+                break
+    return {"version": found.version, "file": file}
+
+
+def answer(value):
+    sys.stdout.write(PREFIX + json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    answer({"hello": True, "executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
+            "python": list(sys.version_info[:3]), "path": sys.path})
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            if request.get("op") == "find":
+                answer(find(request["name"]))
+            elif request.get("op") == "version":
+                answer(version(request["dist"]))
+            else:
+                answer({"error": "unknown request"})
+        except Exception as exc:
+            answer({"error": repr(exc)})
+
+
+if __name__ == "__main__":
+    main()
