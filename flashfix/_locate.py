@@ -33,6 +33,11 @@ from collections import namedtuple
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
 
 
+# The most bytes ``doctor --path`` reads of one file (a module, a METADATA, a .pth): no engine
+# source file is near 10 MB, and a wheel member that inflates past this is refused unread.
+MAX_READ = 16 << 20
+
+
 class SourceError(Exception):
     """A path or interpreter given to read an environment from cannot be read; the message
     says which and why (``flashfix doctor --path/--python`` prints it and exits 2)."""
@@ -256,15 +261,24 @@ class ZipReader:
         return None, False
 
     def _read_member(self, member):
+        """The bytes of ``member``, read in a bounded way: SourceError (also kept in ``errors``)
+        for a member that cannot be read or inflates past ``MAX_READ``."""
         import zlib
         import zipfile
 
         try:
-            return self.archive.read(member)
-        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError) as exc:
+            with self.archive.open(member) as handle:  # stops at the header's size, checks the CRC
+                data = handle.read(MAX_READ + 1)
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
             problem = "%s: cannot read %s: %s" % (self.label, member, exc)
+        else:
+            if len(data) <= MAX_READ:
+                return data
+            problem = "%s: %s inflates past %d MiB, more than any engine file: refused" % (
+                self.label, member, MAX_READ >> 20)
+        if problem not in self.errors:
             self.errors.append(problem)
-            raise SourceError(problem) from exc
+        raise SourceError(problem)
 
     def provenance(self, found):
         return {"archive": self.label, "archive_sha256": self.archive_sha256()}
@@ -327,29 +341,64 @@ class ZipReader:
 
 class PathReader(ImportSystem):
     """Modules found on the path entries ``paths`` only (a site-packages directory, a source
-    tree), through the standard path finder and path hooks; versions from the
-    distributions installed there."""
+    tree), through the standard path finder and path hooks, then through the mapping of any
+    setuptools editable finder (``editable``: ``{top-level name: path}``) as that finder would
+    answer, behind the path finder; versions from the distributions installed there.
+    ``opaque``: ``.pth`` import lines that may install a finder this reader cannot follow: a
+    top-level module found nowhere else then has no readable source, never "no such module"."""
 
-    def __init__(self, paths, label=None):
+    def __init__(self, paths, label=None, editable=None, namespaces=None, opaque=()):
         self.paths = [str(p) for p in paths]
         self.label = label or os.pathsep.join(self.paths)
+        self.editable = dict(editable or {})
+        self.namespaces = dict(namespaces or {})
+        self.opaque = list(opaque)
 
     def find(self, name):
         spec = self._spec(name)
         if spec is None:
             return None
+        if spec is _UNFOLLOWED:
+            return Found(name, None, None)  # somewhere a finder of an import line would look
         origin = spec.origin
         if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
             return Found(name, origin, None)
+        if origin and os.path.isfile(origin) and os.path.getsize(origin) > MAX_READ:
+            raise SourceError("%s: %s is over %d MiB, more than any engine file: refused" % (
+                self.label, origin, MAX_READ >> 20))
         return Found(name, origin, _loader_source(spec.loader, name, origin))
+
+    def _mapped_spec(self, name):
+        """What a setuptools editable finder (behind the path finder) answers for ``name``."""
+        if name in self.editable:  # as its _EditableFinder._find_spec does
+            from importlib.machinery import all_suffixes
+            from importlib.util import spec_from_file_location
+
+            base = self.editable[name]
+            for candidate in [os.path.join(base, "__init__.py")] + [
+                    os.path.splitext(base)[0] + suffix for suffix in all_suffixes()]:
+                if os.path.isfile(candidate):
+                    return spec_from_file_location(name, candidate)
+            return None
+        parent = name.rpartition(".")[0]
+        if parent in self.editable:
+            return _path_spec(name, [self.editable[parent]])
+        if name in self.namespaces:
+            from importlib.machinery import ModuleSpec
+
+            spec = ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = list(self.namespaces[name])
+            return spec
+        return None
 
     def _spec(self, name):
         parts = name.split(".")
         path, spec = self.paths, None
         for depth in range(1, len(parts) + 1):
-            spec = _path_spec(".".join(parts[:depth]), path)
+            prefix = ".".join(parts[:depth])
+            spec = _path_spec(prefix, path) or self._mapped_spec(prefix)
             if spec is None:
-                return None
+                return _UNFOLLOWED if depth == 1 and self.opaque else None
             if depth < len(parts):
                 if spec.submodule_search_locations is None:
                     return None
@@ -440,7 +489,8 @@ def open_path(path):
     if not os.path.exists(path):
         raise SourceError("%s: no such file or directory" % path)
     if os.path.isdir(path):
-        return PathReader(_path_entries(path), label=path)
+        entries, editable, namespaces, opaque = _path_entries(path)
+        return PathReader(entries, label=path, editable=editable, namespaces=namespaces, opaque=opaque)
     if not zipfile.is_zipfile(path):
         if path.endswith(".whl"):
             raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?)" % path)
@@ -453,25 +503,50 @@ def open_path(path):
         raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?): %s" % (path, exc)) from exc
     if not dists:
         raise SourceError("%s is a zip archive but not a wheel: it has no <name>.dist-info/METADATA" % path)
+    folders = sorted({m.split("/", 1)[0] for m in r.names if m.split("/", 1)[0].endswith(".dist-info") and "/" in m})
+    if len(folders) > 1:  # installers refuse these: which one would describe it is undefined
+        raise SourceError("%s holds %d .dist-info folders (%s); a wheel has exactly one" % (
+            path, len(folders), ", ".join(folders)))
     return r
 
 
+_UNFOLLOWED = object()  # PathReader._top_spec: not found, but a finder it cannot follow may serve it
+
+
 def _path_entries(folder):
-    entries = [folder]
+    """A folder's reading as ``site`` sets it up: ``(path entries, editable mapping, editable
+    namespaces, opaque import lines)``. Path lines of its ``.pth`` files are path entries; an
+    import line that installs a setuptools editable finder contributes that finder's mapping,
+    read from its module with ``ast`` (nothing is run); any other import line that may install
+    a finder is opaque."""
+    entries, editable, namespaces, opaque = [folder], {}, {}, []
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         raise SourceError("%s cannot be listed: %s" % (folder, exc)) from exc
-    for name in names:  # a site-packages folder: the path lines of its .pth files, as site adds them
+    for name in names:  # a site-packages folder: its .pth files, in the order site reads them
         if not name.endswith(".pth"):
             continue
         try:
-            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
-                lines = handle.read().splitlines()
+            with open(os.path.join(folder, name), "rb") as handle:
+                lines = handle.read(MAX_READ).decode("utf-8", "replace").splitlines()
         except OSError:
             continue
         for line in lines:
-            if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
+            if not line.strip() or line.startswith("#"):
+                continue
+            if line.startswith(("import ", "import\t")):
+                for module in _imported(line):
+                    if module in _HARMLESS_IMPORTS:
+                        continue
+                    mapping = _editable_mapping(folder, module)
+                    if mapping is None:
+                        opaque.append("%s: %s" % (name, line.strip()))
+                        break
+                    for top, where in mapping[0].items():
+                        editable.setdefault(top, where)
+                    for top, where in mapping[1].items():
+                        namespaces.setdefault(top, where)
                 continue
             entry = os.path.normpath(os.path.join(folder, line.rstrip()))
             if os.path.isdir(entry) and entry not in entries:
@@ -480,7 +555,68 @@ def _path_entries(folder):
         for sub in ("src", "python"):  # a project checkout whose packages live one level down
             if os.path.isdir(os.path.join(folder, sub)):
                 entries.append(os.path.join(folder, sub))
-    return entries
+    return entries, editable, namespaces, opaque
+
+
+# Modules that .pth import lines of ordinary environments import, none of which serves an
+# engine: virtualenv's and uv's shim, setuptools' distutils shim, flashfix's own start-up hook.
+_HARMLESS_IMPORTS = frozenset({"os", "sys", "_virtualenv", "_distutils_hack", "_flashfix_boot"})
+
+
+def _imported(line):
+    """The top-level modules a ``.pth`` import line imports (``import x`` and ``__import__('x')``);
+    ``["?"]`` where the line does not parse."""
+    import ast
+
+    try:
+        tree = ast.parse(line)
+    except (SyntaxError, ValueError):
+        return ["?"]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "?").split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("__import__", "import_module"):
+            arg = node.args[0] if node.args else None
+            found.append(arg.value.split(".")[0] if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                         else "?")
+    return found
+
+
+def _editable_mapping(folder, module):
+    """``(MAPPING, NAMESPACES)`` of the setuptools editable finder module ``module`` in
+    ``folder`` (``__editable___<name>_finder.py``), read as literals; None for any other module
+    or one whose mapping is not a plain literal."""
+    import ast
+
+    if not (module.startswith("__editable__") and module.endswith("_finder")):
+        return None
+    path = os.path.join(folder, module + ".py")
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(MAX_READ))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    values = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in ("MAPPING", "NAMESPACES") and node.value is not None:
+            try:
+                values[target.id] = ast.literal_eval(node.value)
+            except (ValueError, SyntaxError, TypeError):
+                return None
+    mapping, spaces = values.get("MAPPING"), values.get("NAMESPACES", {})
+    if not isinstance(mapping, dict) or not isinstance(spaces, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, list) and all(isinstance(p, str) for p in v)
+               for k, v in spaces.items()):
+        return None
+    return mapping, spaces
 
 
 _current = contextvars.ContextVar("flashfix_reader", default=None)
