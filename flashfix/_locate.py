@@ -398,7 +398,9 @@ class PathReader(ImportSystem):
             prefix = ".".join(parts[:depth])
             spec = _path_spec(prefix, path) or self._mapped_spec(prefix)
             if spec is None:
-                return _UNFOLLOWED if depth == 1 and self.opaque else None
+                if _dangling(parts[depth - 1], path) or (depth == 1 and self.opaque):
+                    return _UNFOLLOWED  # there, but unreadable (a symlink loop), or a finder may serve it
+                return None
             if depth < len(parts):
                 if spec.submodule_search_locations is None:
                     return None
@@ -503,6 +505,10 @@ def open_path(path):
         raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?): %s" % (path, exc)) from exc
     if not dists:
         raise SourceError("%s is a zip archive but not a wheel: it has no <name>.dist-info/METADATA" % path)
+    for name, version in dists:
+        if not name or not version:
+            raise SourceError("%s: its METADATA has no %s header (installers refuse such a wheel)" % (
+                path, "Name" if not name else "Version"))
     folders = sorted({m.split("/", 1)[0] for m in r.names if m.split("/", 1)[0].endswith(".dist-info") and "/" in m})
     if len(folders) > 1:  # installers refuse these: which one would describe it is undefined
         raise SourceError("%s holds %d .dist-info folders (%s); a wheel has exactly one" % (
@@ -510,7 +516,18 @@ def open_path(path):
     return r
 
 
-_UNFOLLOWED = object()  # PathReader._top_spec: not found, but a finder it cannot follow may serve it
+_UNFOLLOWED = object()  # PathReader._spec: not found, but it may be there unread
+
+
+def _dangling(part, path):
+    """Whether a path entry holds ``part`` (a package folder or a module) as a link that does not
+    resolve (a symlink loop, a missing target): the module is there, its code cannot be read."""
+    for entry in path:
+        for name in (part, part + ".py"):
+            where = os.path.join(entry, name)
+            if os.path.islink(where) and not os.path.exists(where):
+                return True
+    return False
 
 
 def _path_entries(folder):

@@ -326,8 +326,8 @@ def judge(patch, trees, version):
     """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version."""
     sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
     if sourceless:
-        return "unknown-shape", ("source not available for %s (a sourceless install, or a finder --path cannot "
-                                 "follow?): its shape cannot be read" % ", ".join(sourceless))
+        return "unknown-shape", ("source not available for %s (a sourceless install, a link that does not "
+                                 "resolve, or a finder --path cannot follow?): its shape cannot be read" % ", ".join(sourceless))
     if any(tree is None for tree in trees.values()):
         missing = [name for name, tree in trees.items() if tree is None]
         return "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
