@@ -423,12 +423,18 @@ class PathReader(ImportSystem):
         return None
 
     def version(self, dist):
-        found = self._distribution(dist)
-        return found.version if found is not None else None
+        try:
+            found = self._distribution(dist)
+            return found.version if found is not None else None
+        except OSError as exc:  # a metadata folder that does not read (a symlink loop)
+            raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
 
     def version_source(self, dist):
-        found = self._distribution(dist)
-        return _metadata_file(found) if found is not None else None
+        try:
+            found = self._distribution(dist)
+            return _metadata_file(found) if found is not None else None
+        except OSError as exc:
+            raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
 
 
 class Composite:

@@ -184,6 +184,9 @@ class PythonReader:
         if kind == "text":
             return _locate.Found(name, origin, value.get("text"))
         try:
+            if os.path.getsize(origin) > _locate.MAX_READ:
+                raise _locate.SourceError("%s is over %d MiB, more than any engine file: refused" % (
+                    origin, _locate.MAX_READ >> 20))
             return _locate.Found(name, origin, _locate._read(origin))  # read here, as the loader there would
         except (OSError, SyntaxError, UnicodeDecodeError):
             return _locate.Found(name, origin, None)

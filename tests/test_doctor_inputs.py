@@ -234,6 +234,15 @@ def test_path_never_calls_code_it_cannot_read_not_affected(tmp_path):
         assert _run("doctor", "--strict", "--path", where).returncode == 1
 
 
+def test_metadata_folder_in_a_symlink_loop_gives_one_line(tmp_path):
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    os.symlink("sglang-0.5.17.dist-info", site / "sglang-0.5.17.dist-info")  # a link to itself
+    line = _one_line_exit_2(_run("doctor", "--path", site))
+    assert "symbolic links" in line, line
+
+
 # --- the --python probe program ---------------------------------------------------------------
 
 def test_remote_probe_is_a_file_run_by_path_that_imports_nothing_of_flashfix():
