@@ -496,6 +496,8 @@ def open_path(path):
     path = str(path)
     if not os.path.exists(path):
         raise SourceError("%s: no such file or directory" % path)
+    if not os.path.isdir(path) and not os.path.isfile(path):  # a FIFO or a device would block or never end
+        raise SourceError("%s is neither a wheel (a .whl zip archive) nor a directory" % path)
     if os.path.isdir(path):
         entries, editable, namespaces, opaque = _path_entries(path)
         return PathReader(entries, label=path, editable=editable, namespaces=namespaces, opaque=opaque)
@@ -548,8 +550,8 @@ def _path_entries(folder):
     except OSError as exc:
         raise SourceError("%s cannot be listed: %s" % (folder, exc)) from exc
     for name in names:  # a site-packages folder: its .pth files, in the order site reads them
-        if not name.endswith(".pth"):
-            continue
+        if not name.endswith(".pth") or not os.path.isfile(os.path.join(folder, name)):
+            continue  # (site reads a FIFO named *.pth too, and would block there)
         try:
             with open(os.path.join(folder, name), "rb") as handle:
                 lines = handle.read(MAX_READ).decode("utf-8", "replace").splitlines()
@@ -617,6 +619,8 @@ def _editable_mapping(folder, module):
     if not (module.startswith("__editable__") and module.endswith("_finder")):
         return None
     path = os.path.join(folder, module + ".py")
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, "rb") as handle:
             tree = ast.parse(handle.read(MAX_READ))

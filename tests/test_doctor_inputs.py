@@ -147,6 +147,17 @@ def test_other_unreadable_paths_give_one_line(tmp_path):
         _one_line_exit_2(_run("doctor", "--path", path))
 
 
+def test_fifo_or_device_path_does_not_hang(tmp_path):
+    os.mkfifo(tmp_path / "pipe.whl")
+    for path in (tmp_path / "pipe.whl", "/dev/zero"):
+        try:
+            proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--path", str(path)], capture_output=True,
+                                  text=True, env=vet_helpers.clean_env(), timeout=30, cwd="/")
+        except subprocess.TimeoutExpired:
+            pytest.fail("doctor --path %s hangs" % path)
+        _one_line_exit_2(proc)
+
+
 def _fake_interpreter(tmp_path, name, body):
     exe = tmp_path / name
     exe.write_text("#!%s\n%s" % (sys.executable, textwrap.dedent(body)))
