@@ -488,9 +488,11 @@ def provenance_of(r, found):
 
 def open_path(path):
     """The reader for one ``flashfix doctor --path`` value: a wheel (read from the zip, never
-    unpacked), a site-packages folder (its ``.pth`` path lines included; ``import`` lines are
-    not run), an unpacked wheel or sdist, or a project checkout (``src/``, ``python/``
-    layouts). SourceError, saying why, for anything else."""
+    unpacked), a site-packages folder (its ``.pth`` path lines included, and the mapping of
+    setuptools editable finders; ``import`` lines are never run), an unpacked wheel or sdist,
+    or a project checkout (``src/``, ``python/`` layouts). SourceError, saying why, for
+    anything else: a wheel with more than one ``.dist-info`` folder, or whose METADATA lacks
+    its Name or Version, included."""
     import zipfile
 
     path = str(path)
