@@ -267,15 +267,20 @@ class ZipReader:
         import zipfile
 
         try:
-            with self.archive.open(member) as handle:  # stops at the header's size, checks the CRC
-                data = handle.read(MAX_READ + 1)
-        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
+            size = self.archive.getinfo(member).file_size
+            if size > MAX_READ:
+                problem = "%s: %s inflates to %.0f MiB, more than any engine file (%d MiB): refused unread" % (
+                    self.label, member, size / (1 << 20), MAX_READ >> 20)
+            else:  # inflated a block at a time, never past MAX_READ, whatever the headers claim
+                with self.archive.open(member) as handle:
+                    data = handle.read(MAX_READ + 1)
+                    if len(data) <= MAX_READ:
+                        return data
+                problem = "%s: %s inflates past %d MiB, more than any engine file: refused" % (
+                    self.label, member, MAX_READ >> 20)
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError,
+                KeyError) as exc:
             problem = "%s: cannot read %s: %s" % (self.label, member, exc)
-        else:
-            if len(data) <= MAX_READ:
-                return data
-            problem = "%s: %s inflates past %d MiB, more than any engine file: refused" % (
-                self.label, member, MAX_READ >> 20)
         if problem not in self.errors:
             self.errors.append(problem)
         raise SourceError(problem)

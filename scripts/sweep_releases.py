@@ -161,15 +161,43 @@ class RecordingZip(RemoteZip):
         self._record_lock = threading.Lock()
         super().__init__(url, session=http, **kwargs)
 
-    def read(self, name, pwd=None):
-        try:
-            data = super().read(name, pwd)
-        except (requests.RequestException, RemoteZipError, OSError) as exc:
-            self.failures.append("%s: %s" % (name, exc))
-            raise
+    def open(self, name, mode="r", pwd=None, **kwargs):
+        handle = super().open(name, mode, pwd=pwd, **kwargs)
+        return _RecordedMember(self, getattr(name, "filename", name), handle) if mode == "r" else handle
+
+    def _record(self, name, digest, size):
         with self._record_lock:
-            self.members_read[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            self.members_read[name] = {"sha256": digest.hexdigest(), "size": size}
+
+
+class _RecordedMember:
+    """A member opened for reading (``ZipFile.read`` opens one too): its bytes as read are
+    hashed and counted, recorded once the member is read to its end; a failed read is kept."""
+
+    def __init__(self, archive, name, handle):
+        self.archive, self.name, self.handle = archive, name, handle
+        self.digest, self.size = hashlib.sha256(), 0
+
+    def read(self, n=-1):
+        try:
+            data = self.handle.read(n)
+        except (requests.RequestException, RemoteZipError, OSError) as exc:
+            self.archive.failures.append("%s: %s" % (self.name, exc))
+            raise
+        self.digest.update(data)
+        self.size += len(data)
+        if not data or n is None or n < 0 or len(data) < n:
+            self.archive._record(self.name, self.digest, self.size)
         return data
+
+    def close(self):
+        self.handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def open_wheel(url, http=None):

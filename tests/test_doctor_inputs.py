@@ -107,20 +107,44 @@ def _wheel(path, members):
 METADATA = "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n"
 
 
-def test_zip_bomb_member_gives_one_line_and_exit_2(tmp_path):
+def _lie_about_size(wheel, member, size):
+    """Make the zip's local and central headers say ``member`` inflates to ``size`` bytes."""
+    import struct
+
+    with zipfile.ZipFile(wheel) as archive:
+        offset, central = archive.getinfo(member).header_offset, archive.start_dir
+    raw = bytearray(wheel.read_bytes())
+    assert raw[offset:offset + 4] == b"PK\x03\x04"
+    struct.pack_into("<I", raw, offset + 22, size)
+    while True:  # the central directory's record of the member
+        assert raw[central:central + 4] == b"PK\x01\x02"
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", raw, central + 28)
+        if raw[central + 46:central + 46 + name_len] == member.encode():
+            break
+        central += 46 + name_len + extra_len + comment_len
+    struct.pack_into("<I", raw, central + 24, size)
+    wheel.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("header", ["true-size", "lying-size"])
+def test_zip_bomb_member_gives_one_line_and_exit_2(tmp_path, header):
     """A 0.5 MB wheel whose engine module inflates to 512 MiB, read under a 1 GiB address-space
-    limit: one line, exit status 2, memory bounded."""
+    limit: one line, exit status 2, memory bounded; also when the zip's headers claim a small
+    size (zipfile stops there, and the CRC check fails)."""
     wheel = tmp_path / "sglang-0.5.17-py3-none-any.whl"
+    member = "sglang/srt/configs/model_config.py"
     _wheel(wheel, {"sglang-0.5.17.dist-info/METADATA": METADATA, "sglang/__init__.py": "",
                    "sglang/srt/__init__.py": "", "sglang/srt/configs/__init__.py": ""})
     with zipfile.ZipFile(wheel, "a", zipfile.ZIP_DEFLATED) as archive:
-        with archive.open("sglang/srt/configs/model_config.py", "w", force_zip64=True) as member:
+        with archive.open(member, "w") as handle:
             block = b"#" * (1 << 20)
             for _ in range(512):
-                member.write(block)
+                handle.write(block)
     assert wheel.stat().st_size < 2 << 20
+    if header == "lying-size":
+        _lie_about_size(wheel, member, 100)
     line = _one_line_exit_2(_run("doctor", "--path", wheel, limit_as=1 << 30))
-    assert "model_config.py" in line and "MiB" in line, line
+    assert "model_config.py" in line and ("MiB" in line if header == "true-size" else "CRC" in line), line
 
 
 def test_wheel_with_two_dist_info_folders_is_an_error(tmp_path):
