@@ -1,8 +1,8 @@
 """``flashfix doctor --python EXE``: read another environment through its interpreter.
 
 The other interpreter runs a small self-contained program (``flashfix/_remote_probe.py``, run
-by path; standard library only: it imports neither flashfix nor any engine). It starts as that environment's Python always
-starts, with ``site`` (so site-packages, ``.pth`` path entries and setuptools' editable
+by path; standard library only: it imports neither flashfix nor any engine). It starts as that
+environment's Python always starts, with ``site`` (so site-packages, ``.pth`` path entries and setuptools' editable
 finders are in place), then answers questions on its stdin, one JSON line each:
 
 * where a module is: it walks ``sys.meta_path`` as ``flashfix._locate.ImportSystem`` does
@@ -30,24 +30,27 @@ PREFIX = "\x1eflashfix-remote "
 
 def probe_command(executable):
     """The command that runs ``_remote_probe`` in ``executable``: by path where its file is on
-    disk; from a zipped install, its source (from the package's loader) through ``-c``.
-    SourceError where flashfix is installed without that source (``.pyc`` only)."""
+    disk; from a zipped install, its source (from the package's loader) through ``-c``; from a
+    sourceless install, its ``.pyc`` by path (which only the same Python version runs: another
+    one fails to start, and says why). SourceError where there is none of these."""
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_remote_probe.py")
     if os.path.isfile(here):
         return [executable, here]
     import importlib.util
 
-    text = None
+    text = spec = None
     try:
         spec = importlib.util.find_spec("flashfix._remote_probe")
         get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
         text = get_source(spec.name) if get_source is not None else None
     except (ImportError, OSError, UnicodeDecodeError):
         text = None
-    if text is None:
-        raise _locate.SourceError("--python needs the source of flashfix/_remote_probe.py, which this install of "
-                                  "flashfix lacks (a sourceless install?)")
-    return [executable, "-c", text]
+    if text is not None:
+        return [executable, "-c", text]
+    origin = getattr(spec, "origin", None)
+    if origin and origin.endswith(".pyc") and os.path.isfile(origin):
+        return [executable, origin]
+    raise _locate.SourceError("--python needs flashfix/_remote_probe.py, which this install of flashfix lacks")
 
 
 

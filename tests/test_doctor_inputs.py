@@ -310,6 +310,19 @@ def test_remote_probe_from_a_zipped_flashfix(tmp_path):
     assert check.stdout.splitlines()[:2] == [str(zipped / "flashfix" / "_remote.py"), "-c"], check
 
 
+def test_remote_probe_from_a_sourceless_flashfix(tmp_path):
+    """flashfix installed as .pyc files only: the probe's .pyc is run by path (same Python)."""
+    copy = tmp_path / "flashfix"
+    shutil.copytree(REPO / "flashfix", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-b", str(copy)], check=True)
+    for path in copy.glob("*.py"):
+        path.unlink()
+    python = _python()
+    sourceless = _run("doctor", "--json", "--python", python, env={"PYTHONPATH": str(tmp_path)})
+    assert sourceless.returncode == 0, sourceless.stderr
+    assert json.loads(sourceless.stdout) == json.loads(_run("doctor", "--json", "--python", python).stdout)
+
+
 def _docstrings(tree):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
