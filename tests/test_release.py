@@ -119,6 +119,22 @@ def test_changelog_has_this_release_under_a_fresh_unreleased_section():
     assert section.count("\n- ") >= 10  # the release's changes, not a stub
 
 
+def test_readme_is_a_short_guide_with_the_measurements_linked():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 400
+    assert "RUN pip install --no-cache-dir --compile flashfix==%s" % VERSION in readme  # the Dockerfile example
+    assert "COPY flashfix-%s-py3-none-any.whl" % VERSION in readme
+    for doc in ("docs/gpu.md", "docs/overheads.md", "docs/compatibility.md", "docs/guarantees.md"):
+        assert "](%s" % doc in readme, doc
+    for page in [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")):
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+            if not link.startswith(("http://", "https://")):
+                assert (page.parent / link).exists(), (page.name, link)
+        # user-facing text: no work history
+        assert not re.search(r"\bissue #\d|this session|\(#\d+\)", text, re.I), page.name
+
+
 # --- the workflows ----------------------------------------------------------------------------
 
 
