@@ -23,7 +23,7 @@ mode makes an import fail loudly; under strict mode any failure of a callback do
 import _thread  # not threading: threading pulls functools and collections into every start
 import sys
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Top-level package whose import loads a patch module -> that module. The only place where
 # the package names its patch modules; the mechanism itself (below, and _registry) is generic.

@@ -109,8 +109,8 @@ def test_each_wheel_is_read_in_part_with_its_own_version_and_hashes(sweep):
 
 
 def test_committed_table_agrees_with_the_live_sweep(sweep):
-    """benchmarks/results/sweep.json (behind the README's table) says what the sweep says now,
-    and the README's block is the one rendered from that file."""
+    """benchmarks/results/sweep.json (behind the tables of docs/compatibility.md and the README)
+    says what the sweep says now, and both blocks are the ones rendered from that file."""
     committed = json.loads(COMMITTED.read_text())
     rows = {(r["dist"], r["version"]): r for r in committed["releases"]}
     for r in sweep[0]["releases"]:
@@ -123,12 +123,17 @@ def test_committed_table_agrees_with_the_live_sweep(sweep):
             "spec = importlib.util.spec_from_file_location('s', %r)\n"
             "s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)\n"
             "data = json.load(open(%r))\n"
-            "print(s.readme_block(data['releases'], data['meta']))\n" % (str(SCRIPT), str(COMMITTED)))
+            "print(json.dumps([s.readme_block(data['releases'], data['meta']),\n"
+            "                  s.summary_block(data['releases'], data['meta'])]))\n" % (str(SCRIPT), str(COMMITTED)))
     proc = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    readme = (REPO / "README.md").read_text()
-    block = readme[readme.index("<!-- sweep:begin -->"):readme.index("<!-- sweep:end -->") + len("<!-- sweep:end -->")]
-    assert proc.stdout.strip() == block
+    full, summary = json.loads(proc.stdout)
+    for path, text, (begin, end) in ((REPO / "docs" / "compatibility.md", full, ("sweep:begin", "sweep:end")),
+                                     (REPO / "README.md", summary, ("sweep-summary:begin", "sweep-summary:end"))):
+        doc = path.read_text()
+        begin, end = "<!-- %s -->" % begin, "<!-- %s -->" % end
+        assert doc.count(begin) == doc.count(end) == 1, path
+        assert doc[doc.index(begin):doc.index(end) + len(end)] == text, path
 
 
 def test_unreachable_index_is_a_clear_failure(tmp_path):

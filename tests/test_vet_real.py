@@ -238,7 +238,7 @@ def test_diff_is_what_runs_vllm_prefix_shape(patch_id, kinds):
 
 
 def test_diff_of_the_vllm_prefix_tree_from_outside(tmp_path):
-    """The README's vLLM example: the derived pre-fix tree read with --path, next to the
+    """docs/diff.md's vLLM example: the derived pre-fix tree read with --path, next to the
     FlashInfer of the vLLM 0.28.0 environment."""
     site = v.site_packages(engine_env.env_python("vllm==0.28.0"))
     tree = v.write_prefix_tree(tmp_path / "tree", site / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py")
