@@ -299,7 +299,7 @@ def plan(ids=None, reader=None):
         out.append(result)
         if row["verdict"] != "patch":
             continue
-        planner = PLANS.get(row["id"])
+        planner = PLANS.get(row["id"]) or getattr(result.patch, "plan", None)
         if planner is None:
             result.problem = "no source-only plan for this patch in flashfix._diff.PLANS: its code cannot be shown"
             continue
@@ -427,7 +427,11 @@ def run(ids=None, reader=None, marker=False, out=None):
     """``flashfix diff``: 0 when every patch named could be shown, 1 when one that would
     apply cannot be planned from source, 2 for an unknown id."""
     out = out or sys.stdout
-    known = [p.id for p in _registry.load_all()]
+    if reader is not None:
+        with _locate.reading(reader):
+            known = [p.id for p in _registry.load_all()]
+    else:
+        known = [p.id for p in _registry.load_all()]
     unknown = [i for i in ids or () if i not in known]
     if unknown:
         sys.stderr.write("flashfix diff: unknown patch id(s) %s; valid: %s\n" % (", ".join(unknown), ", ".join(known)))

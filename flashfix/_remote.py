@@ -10,7 +10,8 @@ finders are in place), then answers questions on its stdin, one JSON line each:
   imported), and answers the spec's origin and whether it is a source file, a namespace
   package or sourceless; for a loader whose source is not a plain file (a zip import, a
   custom loader) it sends the text that the loader's ``get_source`` gives;
-* a distribution's version and the metadata file it comes from (``importlib.metadata``).
+* a distribution's version and the metadata file it comes from (``importlib.metadata``);
+* the entry points of a group (``flashfix.patches``: the patch packs installed there).
 
 The source files themselves are read here, from the paths it names, and parsed here, so the
 verdicts are decided by this flashfix's probes, as ``flashfix doctor`` run inside that
@@ -160,6 +161,12 @@ def version(dist):
     return {"version": found.version, "file": file}
 
 
+def entry_points(group):
+    from importlib import metadata
+    return {"entry_points": [[ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) else None]
+                             for ep in metadata.entry_points(group=group)]}
+
+
 def answer(value):
     sys.stdout.write(PREFIX + json.dumps(value) + "\n")
     sys.stdout.flush()
@@ -174,6 +181,8 @@ for line in sys.stdin:
             answer(find(request["name"]))
         elif request.get("op") == "version":
             answer(version(request["dist"]))
+        elif request.get("op") == "entry_points":
+            answer(entry_points(request["group"]))
         else:
             answer({"error": "unknown request"})
     except Exception as exc:
@@ -297,6 +306,11 @@ class PythonReader:
         if not path or not os.path.isfile(path):
             return None
         return path, _locate._sha256_file(path)
+
+    def entry_points(self, group):
+        """``[(name, value, distribution)]`` of ``group`` there (patch packs; imported here from
+        the folder that holds their module, see ``flashfix._packs``)."""
+        return [tuple(e) for e in self._ask({"op": "entry_points", "group": group})["entry_points"]]
 
     def describe(self):
         return self.label
