@@ -70,7 +70,10 @@ Patch = namedtuple("Patch", [
     "summary",
     "probe",  # (trees: {module: ast.Module or None}) -> Shape
     "prepare",  # (modules: {module: module object}) -> [change, ...]
-])
+    "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
+    "doc",  # why / how / when to delete (a declarative backport's; optional)
+    "rule",  # the declaration's compiled patterns (``semantic.Rule``), or None for a hand-written patch
+], defaults=(None, None, None))
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------

@@ -78,6 +78,12 @@ Affected versions
     reverting #52148 in each (tests/test_vllm_real.py). Releases with the fix are recognised
     by shape and left alone.
 
+Why not a semantic patch (``flashfix.semantic``)
+    The GPUs to fix are read from the build's own ``supports_sink`` (a procedural reading of
+    its gates), the factory's edit is once per wrapper slot with the release's own workspace and
+    layout expressions, and ``prepare`` checks the installed FlashInfer class: more than one
+    before -> after pair can say. The shape and edits stay hand-written.
+
 Delete when
     The oldest vLLM that flashfix supports is 0.28.0 or later, or no supported deployment
     runs a main-branch build from before 2026-08-13 (nor a fork without #52148).
@@ -468,6 +474,21 @@ def prepare(modules):
     return [_registry.SetAttr(module, SINK_WRAPPER, sink_wrapper), factory_change, forward_change]  # C, A, B
 
 
+def plan(planner):
+    """``flashfix diff``: the changes of ``prepare``, made from source."""
+    from flashfix import _diff
+
+    if not _diff.binds("flashinfer", SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
+        raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
+                         % SINK_WRAPPER)
+    gpus = sink_gpu_test(_source.find_def(_source.module_ast(TARGET), SUPPORTS_SINK))
+    if gpus is None:
+        raise ShapeError("%s admits no GPU with a generic prefill" % SUPPORTS_SINK)
+    planner.add_name(TARGET, SINK_WRAPPER, "flashinfer", SINK_WRAPPER)  # part C
+    planner.rewrite(TARGET, FACTORY, edit_factory(gpus))  # part A
+    planner.rewrite(TARGET, FORWARD, edit_forward)  # part B
+
+
 PATCHES = (
     _registry.Patch(
         id=PATCH_ID,
@@ -481,5 +502,6 @@ PATCHES = (
                 "sinks with a generic prefill, instead of silently dropping sinks",
         probe=probe,
         prepare=prepare,
+        plan=plan,
     ),
 )
