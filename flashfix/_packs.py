@@ -58,9 +58,11 @@ def _own():
 
 
 def _merge(listed):
-    """``listed`` plus flashfix's own modules that it does not list."""
-    values = {e.value for e in listed if e.dist is not None and _normal(e.dist) == OWN}
-    return list(listed) + [e for e in _own() if e.value not in values]
+    """flashfix's own entries first (listed or built in: its ids win over a pack's), then the
+    other packs in the metadata's order."""
+    own = [e for e in listed if e.dist is not None and _normal(e.dist) == OWN]
+    values = {e.value for e in own}
+    return own + [e for e in _own() if e.value not in values] + [e for e in listed if e not in own]
 
 
 def _normal(name):
