@@ -18,7 +18,7 @@ verdict was read from, with their sha256 (``sources``), as provenance for an ima
 import json
 import sys
 
-from flashfix import _locate, _registry, _source
+from flashfix import _locate, _packs, _registry, _source
 
 
 def diagnose(reader=None):
@@ -69,7 +69,8 @@ def _diagnose_one(patch, cfg):
 
 
 def check_holds_an_engine(reader, label):
-    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches:
+    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or
+    patch packs:
     a wheel of an unrelated package is a mistake, not an environment without engines."""
     import flashfix
 
@@ -79,6 +80,9 @@ def check_holds_an_engine(reader, label):
             return
         if any(_locate.find(top) is not None for top in flashfix.PATCH_MODULES):
             return
+    lister = getattr(reader, "entry_points", None)
+    if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
+        return
     held = ""
     distributions = getattr(reader, "distributions", None)
     if distributions is not None:
