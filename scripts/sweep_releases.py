@@ -297,7 +297,7 @@ def plan(only=None, since=None, index=INDEX, dists=None):
     for dist, version in only or ():
         wanted.setdefault(dist, []).append(version)
     todo = []
-    for dist in dists or FLOORS:
+    for dist in dists or [d for d in FLOORS if not _only_packs or patches_of(d)]:
         if only is not None and dist not in wanted:
             continue
         page_url, data = index_json(dist, index, http)

@@ -264,3 +264,16 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
         verdicts[label] = {r["id"]: r["verdict"] for r in json.loads(proc.stdout)}[PACK_ID]
     assert verdicts == {"0.28.0 --python": "patch", "0.29.0 --python": "fixed-upstream",
                         "0.29.0 --path": "fixed-upstream"}, verdicts
+
+
+def test_sweep_judges_a_pack_over_releases():
+    """`scripts/sweep_releases.py --pack MODULE`, as the README tells a pack author to run it."""
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
+               PYTHONPATH=os.pathsep.join([str(REPO), str(EXAMPLE / "src")]))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_releases.py"), "--pack", "flashfix_pack_example",
+                           "--only", "vllm==0.22.1,vllm==0.23.0,vllm==0.28.0,vllm==0.29.0", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    verdicts = [line.split()[1:4] for line in proc.stdout.splitlines()]
+    assert verdicts == [["0.22.1", PACK_ID, "unknown-shape"], ["0.23.0", PACK_ID, "patch"], ["0.28.0", PACK_ID, "patch"],
+                        ["0.29.0", PACK_ID, "fixed-upstream"]], proc.stdout

@@ -3,7 +3,7 @@
 from flashfix.semantic import Backport
 
 PATCHES = (Backport(
-    id="vllm-cpu-mixed-seed-sampling", engine="vllm", versions=">=0.20,<0.29",
+    id="vllm-cpu-mixed-seed-sampling", engine="vllm", versions=">=0.23,<0.29",
     module="vllm.v1.sample.ops.topk_topp_sampler", function="TopKTopPSampler.forward_cpu",
     before="len($G) != $LOGITS.shape[0] and not self.use_fp64_gumbel",
     after="not $G and not self.use_fp64_gumbel",
