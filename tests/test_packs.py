@@ -248,7 +248,8 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
     proc, _ = _engine(venv28, None, args=("-m", "flashfix", "diff", PACK_ID))
     assert proc.returncode == 0, proc.stderr
     assert "-        if len(generators) != logits.shape[0] and not self.use_fp64_gumbel:" in proc.stdout, proc.stdout
-    assert "+        if not generators and not self.use_fp64_gumbel:" in proc.stdout, proc.stdout
+    # the changed statement is written back by ast.unparse (flashfix.semantic), hence the brackets
+    assert "+        if not generators and (not self.use_fp64_gumbel):" in proc.stdout, proc.stdout
 
     # 5. doctor: patch on 0.28.0, fixed-upstream on 0.29.0, read through --python (the pack
     #    installed there) and --path (the pack's folder next to the release's site-packages)
@@ -277,3 +278,13 @@ def test_sweep_judges_a_pack_over_releases():
     verdicts = [line.split()[1:4] for line in proc.stdout.splitlines()]
     assert verdicts == [["0.22.1", PACK_ID, "unknown-shape"], ["0.23.0", PACK_ID, "patch"], ["0.28.0", PACK_ID, "patch"],
                         ["0.29.0", PACK_ID, "fixed-upstream"]], proc.stdout
+
+
+def test_readme_shows_the_example_files():
+    """README's "Writing a backport" shows the example pack's files verbatim: the pack that
+    test_readme_example_pack_fixes_vllm_0_28_and_is_fixed_upstream_in_0_29 installs and runs."""
+    readme = (REPO / "README.md").read_text()
+    assert "## Writing a backport" in readme
+    section = readme.split("## Writing a backport", 1)[1].split("\n## ", 1)[0]
+    for path in (EXAMPLE / "pyproject.toml", EXAMPLE / "src" / "flashfix_pack_example" / "__init__.py"):
+        assert path.read_text() in section, "README's 'Writing a backport' does not show %s as it is" % path
