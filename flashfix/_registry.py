@@ -314,7 +314,8 @@ def _foreign(r):
     if cached is not None:
         return cached
     entries, failed = _packs.foreign(r)
-    own = {p.id: p for p in load_all_here()}
+    with _locate.reading(_locate._default):  # this copy's own patches; this interpreter's packs are not there
+        own = {p.id: p for e in _entries() if e.dist == _packs.OWN for p in _declare(e)}
     patches, found, seen = [], [], {}
     for entry, problem in failed:
         found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem))
@@ -340,11 +341,6 @@ def _foreign(r):
     except AttributeError:
         pass
     return result
-
-
-def load_all_here():
-    with _locate.reading(_locate._default):
-        return load_all()
 
 
 def reader_problems():
