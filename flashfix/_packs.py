@@ -12,8 +12,8 @@ every engine import. A copy of flashfix without installed metadata (a source che
 ``entries`` adds each ``PATCH_MODULES`` module that the metadata does not list, as an entry of
 the distribution ``flashfix`` (``builtin`` true), loaded by that same function.
 
-Nothing here runs at interpreter start: the entry points are read (``importlib.metadata``,
-which the engines import anyway) when an engine's top-level package is first imported, and by
+Nothing here runs at interpreter start: the entry points are read (their ``entry_points.txt``
+files, ``flashfix._distinfo``; ``importlib.metadata`` where that could differ) when an engine's top-level package is first imported, and by
 ``status``, ``doctor``, ``diff`` and the sweep. Only the packs named for that engine are
 imported then.
 
@@ -78,13 +78,15 @@ def installed():
     """This interpreter's entries (read once per process; a pack installed later is seen by
     the next process), flashfix's own included."""
     if not _installed_cache:
-        from importlib import metadata
+        from flashfix import _distinfo
 
-        listed = []
-        for ep in metadata.entry_points(group=GROUP):
-            dist = getattr(ep, "dist", None)
-            listed.append(Entry(ep.name, ep.name, ep.value, dist.name if dist is not None else None, None))
-        _installed_cache.append(_merge(listed))
+        found = _distinfo.entry_points(GROUP)  # the entry_points.txt files alone: doctor stays cheap
+        if found is _distinfo.UNSURE:
+            from importlib import metadata
+
+            found = [(ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) is not None else None)
+                     for ep in metadata.entry_points(group=GROUP)]
+        _installed_cache.append(_merge([Entry(name, name, value, dist, None) for name, value, dist in found]))
     return _installed_cache[0]
 
 
@@ -129,12 +131,10 @@ def _root(reader, value):
 def load(entry):
     """``entry``'s ``PATCHES``, checked (``Problem`` with the reason when the pack must be
     skipped). Imports the pack: never call it holding a lock."""
-    from importlib import metadata
-
-    ep = metadata.EntryPoint(entry.name, entry.value, GROUP)
+    module, _, attrs = entry.value.partition(":")
     try:
-        target = _import(ep.module, entry.root)
-        for attr in (ep.attr or "").split(".") if ep.attr else ():
+        target = _import(module.strip(), entry.root)
+        for attr in attrs.split("[")[0].strip().split(".") if attrs.strip() else ():
             target = getattr(target, attr)
     except Exception as exc:
         raise Problem("cannot be imported: %r" % (exc,)) from exc

@@ -288,3 +288,22 @@ def test_readme_shows_the_example_files():
     section = readme.split("## Writing a backport", 1)[1].split("\n## ", 1)[0]
     for path in (EXAMPLE / "pyproject.toml", EXAMPLE / "src" / "flashfix_pack_example" / "__init__.py"):
         assert path.read_text() in section, "README's 'Writing a backport' does not show %s as it is" % path
+
+
+def test_entry_points_read_from_the_files_equal_importlib_metadata(fake_packs):
+    """The doctor's cheap reading of entry_points.txt (_distinfo) gives importlib.metadata's
+    answer, here for a path with the fake packs and for this interpreter's console scripts."""
+    results, _ = run_py('''
+        from importlib import metadata
+        from flashfix import _distinfo
+        out = {}
+        for group in ("flashfix.patches", "console_scripts"):
+            mine = _distinfo.entry_points(group)
+            theirs = [(e.name, e.value, e.dist.name) for e in metadata.entry_points(group=group)]
+            out[group] = [sorted(mine), sorted(theirs)]
+        report(**out)
+    ''', site=fake_packs)
+    (result,) = results
+    for group, (mine, theirs) in result.items():
+        assert mine == theirs and (theirs or group == "console_scripts"), (group, mine, theirs)
+    assert len(result["flashfix.patches"][0]) == 4
