@@ -163,8 +163,10 @@ def version(dist):
 
 def entry_points(group):
     from importlib import metadata
+    found = metadata.entry_points()
+    found = found.select(group=group) if hasattr(found, "select") else found.get(group, [])  # Python 3.9
     return {"entry_points": [[ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) else None]
-                             for ep in metadata.entry_points(group=group)]}
+                             for ep in found]}
 
 
 def answer(value):
