@@ -329,21 +329,18 @@ def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
     keep their text. ValueError unless ``after`` matches exactly once there."""
+    from flashfix import _render
+
     rule = getattr(patch, "rule", patch)
-    tree = ast.parse(text)
-    func = _source.find_def(tree, rule.function)
+    func = _source.find_def(ast.parse(text), rule.function)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError("%s has no function %s" % (rule.module, rule.function))
-    found = find(rule.after, rule._scopes(func))
+    edited = copy.deepcopy(func)
+    found = find(rule.after, rule._scopes(edited))
     if len(found) != 1:
         raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.function, len(found)))
-    (node, b), = found
-    edited = copy.deepcopy(func)
-    (twin, _), = [(n, x) for n, x in find(rule.after, rule._scopes(edited)) if n.lineno == node.lineno
-                  and n.col_offset == node.col_offset]
-    _source.replace_node(edited, twin, build(rule.before, b))
-    ast.fix_missing_locations(edited)
-    rendered = _source.render_edit(text, func, edited)
-    lines = text.splitlines(keepends=True)
-    start, count = rendered.start, len(rendered.before.splitlines())
-    return "".join(lines[:start - 1]) + rendered.text(rendered.PLAIN) + "".join(lines[start - 1 + count:])
+    _source.replace_node(edited, found[0][0], build(rule.before, found[0][1]))
+    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited))
+    lines = _render._lines(text)
+    return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
+        _render._lines(rendered.before)):])
