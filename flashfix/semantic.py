@@ -3,45 +3,39 @@
     from flashfix.semantic import Backport
 
     PATCHES = (Backport(
-        id="sglang-vision-config", engine="sglang", versions=">=0.5.1",
+        id="sglang-vision-config", engine="sglang", versions=">=0.5.1", fixed_in="0.5.18",
+        upstream="https://github.com/sgl-project/sglang/pull/34217",
         module="sglang.srt.configs.model_config", function="ModelConfig.__init__",
         inside="self.is_image_understandable_model = $_",
         before='hasattr($X, "vision_config")',
         after='getattr($X, "vision_config", None) is not None',
-        upstream="https://github.com/sgl-project/sglang/pull/34217", fixed_in="0.5.18",
         summary="is_image_understandable_model is true only if hf_config.vision_config is not None",
-        doc="Why: ... How: ... Delete when: flashfix no longer supports SGLang older than 0.5.18"),)
+        doc="Why: ...  How: ...  Delete when: flashfix no longer supports SGLang older than 0.5.18"),)
 
-``Backport(...)`` returns an ordinary ``Patch`` (``flashfix._registry``): the registry,
-``status()``, ``doctor``, ``diff``, the sweep, ``FLASHFIX_DISABLE`` and strict mode treat it as
-any other. A patch module lists it in ``PATCHES``.
+``Backport(...)`` returns an ordinary registry ``Patch``: ``status()``, ``doctor``, ``diff``, the
+sweep, ``FLASHFIX_DISABLE`` and strict mode treat it as any other. Patterns are Python source
+(one expression or statement), ast-grep style: ``$X`` matches one expression (or an attribute
+name, ``obj.$A``), the same ``$X`` twice structurally equal code (ctx, positions ignored), ``$_``
+anything; ``$$$X`` zero or more items of a list (arguments, statements, ``and`` operands,
+elements) and ``**$$$X`` the keywords a call pattern does not name. Keywords match by name in
+any order; metavariables never match ``*x``/``**x``. ``inside``: look for the forms only in code
+matching this pattern. ``where``: a pattern that must match once elsewhere in the function; its
+bindings (e.g. a sibling call's arguments) serve ``after``.
 
-Patterns are Python source (one expression or one statement), ast-grep style:
+Derived from the one declaration, anchored to ``module`` and the qualified ``function``:
 
-* ``$X`` matches one expression (or an attribute name, ``obj.$A``); the same ``$X`` twice must
-  match structurally equal code (ctx and positions ignored); ``$_`` matches anything, unbound;
-* ``$$$X`` matches zero or more items of a list: call arguments, statements, ``and``/``or``
-  operands, elements; ``**$$$X`` in a call matches the keyword arguments the pattern does not
-  name. Keywords match by name, in any order. Metavariables never match ``*x``/``**x``.
-* ``inside``: ``before``/``after`` are looked for only inside code matching this pattern;
-* ``where``: a pattern that must match exactly once elsewhere in the same function; its
-  bindings (e.g. the sibling call's arguments) are used by ``after``.
+* the probe: ``after`` present -> fixed-upstream; ``before`` present once (and ``where`` binds)
+  -> patch; the function absent, or the word ``absent_unless_mentioned`` nowhere in the module
+  -> not-affected; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
+  ``buggy`` are optional reason texts (``str.format``: ``{line}`` and the metavariables);
+* the runtime edit and ``flashfix diff``'s plan: the function recompiled from its own source
+  with that node replaced (``_registry.rewrite``, a one-time marker before it);
+* ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests.
 
-From that one declaration (anchored to ``module`` and the qualified ``function``):
-
-* the probe: ``after`` present -> fixed-upstream; ``before`` present exactly once (and
-  ``where`` binds) -> patch; the function absent, or ``absent_unless_mentioned`` (a word) not
-  mentioned anywhere in the module -> not-affected, with the reason; else unknown-shape,
-  naming where the nearest candidate differs. ``fixed``/``buggy`` are optional reason texts
-  (``str.format`` with ``{line}`` and the metavariables' source);
-* the runtime edit: the function is recompiled from its own source with that one node
-  replaced (``_registry.rewrite``, one-time marker before it), so ``flashfix diff`` shows it;
-* ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module text, a
-  pre-fix shape for tests.
-
-``doc`` says why, how and when to delete (a ``Delete when:`` paragraph is required). What a
-pattern cannot say is written as a plain ``Patch`` with its own ``probe``/``prepare``/``plan``.
-Matching uses the standard library's ``ast`` only (nothing is imported at interpreter start).
+``doc`` says why, how, and (required) ``Delete when:``. What a pattern cannot say is written as
+a plain ``Patch`` with its own ``probe``/``prepare``/``plan``, its doc saying why. Matching uses
+the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst
+250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 """
 
 import ast
@@ -77,15 +71,14 @@ def _splat(node):
 
 
 def _bind(name, value, b):
-    if name == "_":
-        return True
-    if name not in b:
-        b[name] = value
-        return True
-    old = b[name]
+    old = b.setdefault(name, value) if name != "_" else value
     if isinstance(old, list):
-        return isinstance(value, list) and len(old) == len(value) and all(match(x, y, {}) for x, y in zip(old, value))
-    return match(old, value, {})
+        return isinstance(value, list) and len(old) == len(value) and all(map(_equal, old, value))
+    return old is value or _equal(old, value)
+
+
+def _equal(x, y):
+    return x == y if isinstance(x, str) else match(x, y, {})
 
 
 def match(p, t, b):
@@ -193,27 +186,18 @@ def _show(node):
     return re.sub(r"__ffx_n_(\w+)", r"$$$\1", re.sub(r"__ffx_1_(\w+)", r"$\1", ast.unparse(node)))
 
 
+_WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
+                ast.ImportFrom: ("module",), ast.alias: ("name", "asname"), ast.Name: ("id",),
+                ast.Attribute: ("attr",), ast.keyword: ("arg",), ast.arg: ("arg",)}
+
+
 def words(node):
     """The identifiers and strings that ``node`` itself spells (not its children's): a def or
     class name, an imported module or name, a name, an attribute, a keyword or argument name,
     a string constant."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        found = [node.name]
-    elif isinstance(node, ast.ImportFrom):
-        found = [node.module]
-    elif isinstance(node, ast.alias):
-        found = [node.name, node.asname]
-    elif isinstance(node, ast.Name):
-        found = [node.id]
-    elif isinstance(node, ast.Attribute):
-        found = [node.attr]
-    elif isinstance(node, (ast.keyword, ast.arg)):
-        found = [node.arg]
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-        found = [node.value]
-    else:
-        found = []
-    return [w for w in found if w]
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) and node.value else []
+    return [w for w in (getattr(node, f) for f in _WORD_FIELDS.get(type(node), ())) if w]
 
 
 def _own_function(owner, name, module):
@@ -345,21 +329,18 @@ def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
     keep their text. ValueError unless ``after`` matches exactly once there."""
+    from flashfix import _render
+
     rule = getattr(patch, "rule", patch)
-    tree = ast.parse(text)
-    func = _source.find_def(tree, rule.function)
+    func = _source.find_def(ast.parse(text), rule.function)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError("%s has no function %s" % (rule.module, rule.function))
-    found = find(rule.after, rule._scopes(func))
+    edited = copy.deepcopy(func)
+    found = find(rule.after, rule._scopes(edited))
     if len(found) != 1:
         raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.function, len(found)))
-    (node, b), = found
-    edited = copy.deepcopy(func)
-    (twin, _), = [(n, x) for n, x in find(rule.after, rule._scopes(edited)) if n.lineno == node.lineno
-                  and n.col_offset == node.col_offset]
-    _source.replace_node(edited, twin, build(rule.before, b))
-    ast.fix_missing_locations(edited)
-    rendered = _source.render_edit(text, func, edited)
-    lines = text.splitlines(keepends=True)
-    start, count = rendered.start, len(rendered.before.splitlines())
-    return "".join(lines[:start - 1]) + rendered.text(rendered.PLAIN) + "".join(lines[start - 1 + count:])
+    _source.replace_node(edited, found[0][0], build(rule.before, found[0][1]))
+    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited))
+    lines = _render._lines(text)
+    return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
+        _render._lines(rendered.before)):])
