@@ -91,9 +91,9 @@ def installed():
 
 
 def foreign(reader):
-    """The entries of the environment ``reader`` reads (``doctor --path/--python``): the
-    packs listed there, each with the folder to import it from; flashfix's own entries are
-    replaced by this copy's."""
+    """``(entries, [(entry, problem)])`` of the environment ``reader`` reads (``doctor
+    --path/--python``): the packs listed there, each with the folder to import it from;
+    flashfix's own entries there are left out (this copy's patches are judged)."""
     lister = getattr(reader, "entry_points", None)
     found = []
     problems = []
@@ -105,7 +105,7 @@ def foreign(reader):
             found.append(entry._replace(root=_root(reader, value)))
         except LookupError as exc:
             problems.append((entry, "cannot be found in the environment read: %s" % exc))
-    return _own() + found, problems
+    return found, problems
 
 
 def _root(reader, value):

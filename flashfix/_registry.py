@@ -315,13 +315,11 @@ def _foreign(r):
         return cached
     entries, failed = _packs.foreign(r)
     with _locate.reading(_locate._default):  # this copy's own patches; this interpreter's packs are not there
-        own = {p.id: p for e in _entries() if e.dist == _packs.OWN for p in _declare(e)}
+        own = {p.id: p for e in _entries() if _packs._normal(e.dist or "") == _packs.OWN for p in _declare(e)}
     patches, found, seen = [], [], {}
     for entry, problem in failed:
         found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem))
     for entry in entries:
-        if entry.builtin:
-            continue
         try:
             if entry.top not in flashfix.PATCH_MODULES:
                 raise _packs.Problem("its entry point name %r is not an engine package flashfix watches" % entry.name)
