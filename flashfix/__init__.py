@@ -7,8 +7,9 @@ package's loader, not from a finder, where Python holds its global import lock);
 process that never imports an engine (pip, a health check) pays for that small module alone.
 ``import flashfix`` itself and the engines' plugin entry points activate directly. No engine,
 torch, FlashInfer or wrapt is imported here. When an engine's top-level package is imported,
-the flashfix module that declares that engine's patches is loaded, and each patch is applied
-once its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
+the patch packs named after it are loaded (flashfix's own patch module for that engine and any
+other distribution's, entry-point group ``flashfix.patches``), and each patch is applied once
+its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
 loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
@@ -25,8 +26,11 @@ import sys
 
 __version__ = "0.2.0"
 
-# Top-level package whose import loads a patch module -> that module. The only place where
-# the package names its patch modules; the mechanism itself (below, and _registry) is generic.
+# Engine top-level package -> flashfix's own patch module for it. Its keys are the packages
+# whose first import loads patches (flashfix's and the packs' of the entry-point group
+# ``flashfix.patches`` named after them, see _packs); its values are also declared in that group
+# in pyproject.toml, and are added from here when no installed metadata lists them (a source
+# checkout). The mechanism itself (below, _registry and _packs) is generic.
 PATCH_MODULES = {
     "vllm": "flashfix.vllm_patch",
     "sglang": "flashfix.sglang_patch",
@@ -237,7 +241,7 @@ def _patch_module_loader(top):
     def load(module):
         from flashfix import _registry
 
-        _registry.load_patch_module(PATCH_MODULES[top])
+        _registry.load_engine(top)
 
     return load
 

@@ -15,10 +15,10 @@ says would apply is planned from that source alone:
   flashfix, and the installed function it delegates to, with file and lines.
 
 The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
-is the same edit made from source. ``PLANS`` holds one per patch; the edits are the patch
-modules' own module-level functions (``vllm_patch.edit_factory`` / ``edit_forward``,
-``sglang_patch._fp8_edit`` / ``_vision_edit`` / ``_autotune_edit``), their questions about the
-imported modules asked of the source instead. A test compiles the printed result and compares it with the code the runtime swaps in, on the
+is the same edit made from source: each ``Patch`` carries its own ``plan(planner)`` (a
+declarative backport's is derived from its patterns, ``flashfix.semantic``), which runs the
+patch's own edits through ``Planner``, their questions about the imported modules asked of the
+source instead. Nothing here knows any engine. A test compiles the printed result and compares it with the code the runtime swaps in, on the
 real releases, so a plan that drifted from its patch fails there.
 """
 
@@ -215,73 +215,6 @@ class Planner:
                                     "%s.%s" % (from_module, from_name), definition(from_module, from_name)))
 
 
-def _plan_vllm(plan):
-    from flashfix import vllm_patch as v
-
-    if not binds("flashinfer", v.SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
-        raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
-                         % v.SINK_WRAPPER)
-    gpus = v.sink_gpu_test(_source.find_def(_source.module_ast(v.TARGET), v.SUPPORTS_SINK))
-    if gpus is None:
-        raise ShapeError("%s admits no GPU with a generic prefill" % v.SUPPORTS_SINK)
-    plan.add_name(v.TARGET, v.SINK_WRAPPER, "flashinfer", v.SINK_WRAPPER)  # part C
-    plan.rewrite(v.TARGET, v.FACTORY, v.edit_factory(gpus))  # part A
-    plan.rewrite(v.TARGET, v.FORWARD, v.edit_forward)  # part B
-
-
-def _plan_fp8(plan):
-    from flashfix import sglang_patch as s
-
-    plan.rewrite(s.FLASHINFER_BACKEND, "FlashInferAttnBackend.forward_extend", s._fp8_edit)
-
-
-def _plan_vision(plan):
-    from flashfix import sglang_patch as s
-
-    plan.rewrite(s.MODEL_CONFIG, "ModelConfig.__init__", s._vision_edit)
-
-
-def _plan_autotune(plan):
-    """The changes of ``sglang_patch._autotune_changes``, with its checks on the imported
-    modules (``hasattr``, the function's globals) asked of the source instead."""
-    from flashfix import sglang_patch as s
-
-    modname, qualname, _, shape = s._autotune_locate(_source.module_ast)
-    if shape.kind != _registry.BUGGY:
-        raise ShapeError(shape.reason)
-    if not binds("sglang.srt.utils", "is_sm120_supported"):
-        raise ShapeError("sglang.srt.utils has no is_sm120_supported")
-    add_global = []
-
-    def edit(func_def, mark):  # the patch module's own edit, its questions asked of the source
-        add_global.extend(s._autotune_edit(func_def, mark, binds, lambda name: binds(modname, name)))
-
-    planned = Planner(plan.patch_id)
-    planned.rewrite(modname, qualname, edit)
-    if add_global:  # the runtime's order: the global first, then the code swap
-        plan.add_name(modname, "is_sm120_supported", "sglang.srt.utils", "is_sm120_supported")
-    plan.changes.extend(planned.changes)
-
-
-def _plan_flashinfer(plan):
-    from flashfix import flashinfer_patch as f
-
-    if not binds("flashinfer.attention", f.SINK_CLASS):
-        raise ShapeError("flashinfer.attention has no %s" % f.SINK_CLASS)
-    plan.replace("flashinfer.prefill", f.PARENT_CLASS, "__init__", f._wrap_init,
-                 "_wrap_init(<the installed %s.__init__>, %s)" % (f.PARENT_CLASS, f.SINK_CLASS),
-                 delegate="%s.__init__" % f.PARENT_CLASS)
-
-
-PLANS = {
-    "vllm-sink-prefill": _plan_vllm,
-    "sglang-fp8-kv-scales": _plan_fp8,
-    "sglang-sm120-fp8-autotune": _plan_autotune,
-    "sglang-vision-config": _plan_vision,
-    "flashinfer-sink-jit-name": _plan_flashinfer,
-}
-
-
 def plan(ids=None, reader=None):
     """One ``PatchDiff`` per patch (those named, else all), planned from the source read."""
     if reader is not None:
@@ -299,9 +232,9 @@ def plan(ids=None, reader=None):
         out.append(result)
         if row["verdict"] != "patch":
             continue
-        planner = PLANS.get(row["id"])
+        planner = result.patch.plan
         if planner is None:
-            result.problem = "no source-only plan for this patch in flashfix._diff.PLANS: its code cannot be shown"
+            result.problem = "the patch declares no source-only plan: its code cannot be shown"
             continue
         recorder = Planner(row["id"])
         try:
@@ -427,7 +360,11 @@ def run(ids=None, reader=None, marker=False, out=None):
     """``flashfix diff``: 0 when every patch named could be shown, 1 when one that would
     apply cannot be planned from source, 2 for an unknown id."""
     out = out or sys.stdout
-    known = [p.id for p in _registry.load_all()]
+    if reader is not None:
+        with _locate.reading(reader):
+            known = [p.id for p in _registry.load_all()]
+    else:
+        known = [p.id for p in _registry.load_all()]
     unknown = [i for i in ids or () if i not in known]
     if unknown:
         sys.stderr.write("flashfix diff: unknown patch id(s) %s; valid: %s\n" % (", ".join(unknown), ", ".join(known)))

@@ -8,14 +8,17 @@ the runtime gate uses once the engine is imported.
 The environment read is this interpreter's by default. ``--path`` reads wheels (from the zip,
 never unpacked), site-packages folders and source trees instead, several together forming one
 environment; ``--python`` reads another interpreter's environment, which is asked only where
-its modules and distributions are (``flashfix._remote``). Each row lists the files its
+its modules and distributions are (``flashfix._remote``). The patches judged are this
+flashfix's own and those of the patch packs installed in the environment read
+(``flashfix._packs``); a pack that cannot be loaded is one line on stderr (and exit 1 under
+``--strict``). Each row lists the files its
 verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
 
 import json
 import sys
 
-from flashfix import _locate, _registry, _source
+from flashfix import _locate, _packs, _registry, _source
 
 
 def diagnose(reader=None):
@@ -66,7 +69,8 @@ def _diagnose_one(patch, cfg):
 
 
 def check_holds_an_engine(reader, label):
-    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches:
+    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or
+    patch packs:
     a wheel of an unrelated package is a mistake, not an environment without engines."""
     import flashfix
 
@@ -76,6 +80,9 @@ def check_holds_an_engine(reader, label):
             return
         if any(_locate.find(top) is not None for top in flashfix.PATCH_MODULES):
             return
+    lister = getattr(reader, "entry_points", None)
+    if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
+        return
     held = ""
     distributions = getattr(reader, "distributions", None)
     if distributions is not None:
@@ -84,6 +91,14 @@ def check_holds_an_engine(reader, label):
             held = " (it holds %s)" % ", ".join(names)
     raise _locate.SourceError("%s holds none of %s%s" % (
         label, ", ".join(sorted({p.engine for p in patches})), held))
+
+
+def pack_problems(reader=None):
+    """One line per patch pack of the environment read that could not be loaded (skipped)."""
+    if reader is not None:
+        with _locate.reading(reader):
+            return _registry.reader_problems()
+    return _registry.reader_problems()
 
 
 def _read_errors(reader):
@@ -98,7 +113,8 @@ def run(as_json=False, strict=False, out=None, reader=None):
         for problem in errors:
             sys.stderr.write("flashfix: %s\n" % problem)
         return 2
-    for problem in cfg.problems:
+    packs = pack_problems(reader)
+    for problem in list(cfg.problems) + packs:
         sys.stderr.write("flashfix: %s\n" % problem)
     if as_json:
         out.write(json.dumps([{k: v for k, v in r.items() if k != "in_range"} for r in rows], indent=2) + "\n")
@@ -115,7 +131,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
             for source in r["sources"]:
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
-    if strict and (bad or (cfg.problems and cfg.strict)):
+    if strict and (bad or packs or (cfg.problems and cfg.strict)):
         for r in bad:
             sys.stderr.write("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
                              % (r["id"], r["engine"], r["engine_version"], r["reason"]))

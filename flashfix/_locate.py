@@ -343,6 +343,11 @@ class ZipReader:
     def describe(self):
         return self.label
 
+    def entry_points(self, group):
+        """``[(name, value, distribution)]`` of ``group`` in the wheel's own metadata (patch packs)."""
+        path = getattr(self.archive, "filename", None)
+        return _entry_points([path], group) if path and os.path.isfile(path) else []
+
 
 class PathReader(ImportSystem):
     """Modules found on the path entries ``paths`` only (a site-packages directory, a source
@@ -441,6 +446,24 @@ class PathReader(ImportSystem):
         except OSError as exc:
             raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
 
+    def entry_points(self, group):
+        """``[(name, value, distribution)]`` of ``group`` from the distributions installed on
+        these path entries (their ``entry_points.txt``: patch packs)."""
+        return _entry_points(self.paths, group)
+
+
+def _entry_points(paths, group):
+    from importlib import metadata
+
+    out, seen = [], set()
+    for found in metadata.distributions(path=list(paths)):
+        name = found.metadata.get("Name") or ""
+        if _normal(name) in seen:  # the first on the path wins, as for an import
+            continue
+        seen.add(_normal(name))
+        out.extend((ep.name, ep.value, name) for ep in found.entry_points if ep.group == group)
+    return out
+
 
 class Composite:
     """Several readers as one environment, in order: a module comes from the first reader
@@ -476,6 +499,13 @@ class Composite:
                 source = getattr(r, "version_source", None)
                 return source(dist) if source is not None else None
         return None
+
+    def entry_points(self, group):
+        out = []
+        for r in self.readers:
+            lister = getattr(r, "entry_points", None)
+            out.extend(e for e in (lister(group) if lister is not None else ()) if e not in out)
+        return out
 
     def provenance(self, found):
         owner = self._owner.get(found.origin)

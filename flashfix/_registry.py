@@ -1,7 +1,8 @@
 """The patch registry: declarations, the two gates, atomic apply, revert and status.
 
-A patch module (``flashfix/<engine>_patch.py``) declares ``Patch`` objects and calls
-``register``. Nothing here knows any engine. For each patch, once all its target modules
+A patch pack (``flashfix/<engine>_patch.py``, or another distribution's, see ``_packs``)
+declares ``Patch`` objects in ``PATCHES``; ``_declare`` registers them. Nothing here knows any
+engine. For each patch, once all its target modules
 are imported:
 
 1. disabled by FLASHFIX_DISABLE?                      -> ``disabled``
@@ -34,7 +35,7 @@ import threading
 from collections import namedtuple
 
 import flashfix
-from flashfix import _config, _locate, _source
+from flashfix import _config, _locate, _packs, _source
 from flashfix._source import ShapeError
 
 log = logging.getLogger("flashfix")
@@ -69,7 +70,10 @@ Patch = namedtuple("Patch", [
     "summary",
     "probe",  # (trees: {module: ast.Module or None}) -> Shape
     "prepare",  # (modules: {module: module object}) -> [change, ...]
-])
+    "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
+    "doc",  # why / how / when to delete (a declarative backport's; optional)
+    "rule",  # the declaration's compiled patterns (``semantic.Rule``), or None for a hand-written patch
+], defaults=(None, None, None))
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------
@@ -171,8 +175,9 @@ def rewrite(func, edit, patch_id):
 _patches = {}  # id -> Patch, in registration order
 _records = {}  # id -> dict(state, reason, engine_version, ran, changes, targets, decided, busy, again)
 _sites = {}  # marker site -> SwapCode
-_declared = {}  # patch module name -> its PATCHES
-_hooked = set()  # patch modules whose patches are hooked to their targets
+_declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
+_problems = {}  # engine package -> problem lines of its packs
+_hooked = set()  # engine packages whose packs' patches are hooked to their targets
 _config_cache = []
 _logging_ready = []
 
@@ -214,7 +219,7 @@ def _setup_logging(cfg):
     log.setLevel(cfg.log_level)
     if not any(isinstance(h, _Fallback) for h in log.handlers):
         log.addHandler(_Fallback())
-    for problem in cfg.problems:
+    for problem in list(cfg.problems) + problems():
         log.error("%s", problem)
 
 
@@ -236,25 +241,113 @@ def register(patch):
                               "decided": None, "busy": False, "again": False}
 
 
-def _declare(name):
-    """Import a patch module (declarations only) and register its ``PATCHES``."""
-    if name not in _declared:
-        module = importlib.import_module(name)  # never under _lock: an import may wait on another thread
-        with _lock:
-            if name not in _declared:
-                for patch in module.PATCHES:
-                    register(patch)
-                _declared[name] = tuple(module.PATCHES)
-    return _declared[name]
+def _declare(entry):
+    """Load one pack (``_packs.Entry``: flashfix's own patch modules are packs too) and register
+    its ``PATCHES``, all or none; a pack that cannot be loaded is a problem line (see
+    ``_packs``). Returns its patches (empty when it was skipped)."""
+    key = (entry.top, entry.dist, entry.name, entry.value, entry.root)
+    if key in _declared:
+        return _declared[key]
+    try:
+        patches = _packs.load(entry)  # never under _lock: an import may wait on another thread
+    except _packs.Problem as exc:
+        return _skip(key, entry, str(exc))
+    with _lock:
+        if key in _declared:
+            return _declared[key]
+        taken = [p.id for p in patches if p.id in _patches and _patches[p.id] is not p]
+        if taken:
+            problem = "the id %s is already taken by another pack or by flashfix" % ", ".join(taken)
+        else:
+            for patch in patches:
+                register(patch)
+            _declared[key] = patches
+            return patches
+    return _skip(key, entry, problem)
+
+
+def _skip(key, entry, problem):
+    text = "%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem)
+    with _lock:
+        if key in _declared:
+            return _declared[key]
+        _declared[key] = ()
+        _problems.setdefault(entry.top, []).append(text)
+    if _logging_ready:
+        log.error("%s", text)
+    return ()
+
+
+def problems(top=None):
+    """The pack problems found so far (of the engine package ``top``, or all)."""
+    with _lock:
+        if top is not None:
+            return list(_problems.get(top, ()))
+        return [p for texts in _problems.values() for p in texts]
+
+
+def _entries(top=None):
+    return [e for e in _packs.installed() if top is None or e.top == top]
 
 
 def load_all():
-    """Every patch flashfix has, declared (no engine is imported)."""
-    from flashfix import PATCH_MODULES
-
-    for name in list(PATCH_MODULES.values()):
-        _declare(name)
+    """Every patch of the environment being read, declared (no engine is imported): flashfix's
+    own and the installed packs'. Under ``_locate.reading`` another environment's packs (see
+    ``_packs.foreign``): those are not registered in this process's registry."""
+    r = _locate.reader()
+    if r is not _locate._default:
+        return _foreign(r)[0]
+    tops = set(flashfix.PATCH_MODULES)
+    for entry in _entries():
+        if entry.top in tops:
+            _declare(entry)
+        else:
+            _skip((entry.top, entry.dist, entry.name, entry.value, entry.root), entry,
+                  "its entry point name %r is not an engine package flashfix watches (%s)"
+                  % (entry.name, ", ".join(sorted(tops))))
     return list(_patches.values())
+
+
+def _foreign(r):
+    """``(patches, problems)`` of the environment ``r`` reads; computed once per reader."""
+    cached = getattr(r, "_flashfix_packs", None)
+    if cached is not None:
+        return cached
+    entries, failed = _packs.foreign(r)
+    with _locate.reading(_locate._default):  # this copy's own patches; this interpreter's packs are not there
+        own = {p.id: p for e in _entries() if _packs._normal(e.dist or "") == _packs.OWN for p in _declare(e)}
+    patches, found, seen = [], [], {}
+    for entry, problem in failed:
+        found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem))
+    for entry in entries:
+        try:
+            if entry.top not in flashfix.PATCH_MODULES:
+                raise _packs.Problem("its entry point name %r is not an engine package flashfix watches" % entry.name)
+            loaded = _packs.load(entry)
+            taken = [p.id for p in loaded if p.id in own or p.id in seen]
+            if taken:
+                raise _packs.Problem("the id %s is already taken by another pack or by flashfix" % ", ".join(taken))
+        except _packs.Problem as exc:
+            found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), exc))
+            continue
+        for patch in loaded:
+            seen[patch.id] = patch
+        patches.extend(loaded)
+    result = (list(own.values()) + patches, found)
+    try:
+        r._flashfix_packs = result
+    except AttributeError:
+        pass
+    return result
+
+
+def reader_problems():
+    """The pack problems of the environment being read (this interpreter's by default)."""
+    r = _locate.reader()
+    if r is not _locate._default:
+        return list(_foreign(r)[1])
+    load_all()
+    return problems()
 
 
 def targets_of(patch):
@@ -262,18 +355,20 @@ def targets_of(patch):
     return tuple(patch.targets() if callable(patch.targets) else patch.targets)
 
 
-def load_patch_module(name):
-    """Called when an engine's top-level package is imported: hook its patches to their targets."""
-    _declare(name)  # the other engines' patch modules load only if FLASHFIX_DISABLE names ids (config())
-    cfg = config()
+def load_engine(top):
+    """Called when the engine package ``top`` is imported: load its packs (flashfix's own
+    first) and hook their patches to their target modules."""
+    cfg = config()  # the other engines' packs load here only if FLASHFIX_DISABLE names ids
     _setup_logging(cfg)
-    if cfg.problems and cfg.strict:  # at every import of the engine, not only the first
-        raise PatchError("flashfix strict mode: %s" % "; ".join(cfg.problems))
+    declared = [p for entry in _entries(top) for p in _declare(entry)]
+    bad = list(cfg.problems) + problems(top)
+    if bad and cfg.strict:  # at every import of the engine, not only the first
+        raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
     with _lock:
-        if name in _hooked:
+        if top in _hooked:
             return
-        _hooked.add(name)
-    for patch in _declared[name]:
+        _hooked.add(top)
+    for patch in declared:
         record = _records[patch.id]
         record["engine_version"] = engine_version(patch.engine)
         if cfg.is_disabled(patch.id):

@@ -10,7 +10,8 @@ finders are in place), then answers questions on its stdin, one JSON line each:
   imported), and answers the spec's origin and whether it is a source file, a namespace
   package or sourceless; for a loader whose source is not a plain file (a zip import, a
   custom loader) it sends the text that the loader's ``get_source`` gives;
-* a distribution's version and the metadata file it comes from (``importlib.metadata``).
+* a distribution's version and the metadata file it comes from (``importlib.metadata``);
+* the entry points of a group (``flashfix.patches``: the patch packs installed there).
 
 The source files themselves are read here, from the paths it names, and parsed here, so the
 verdicts are decided by this flashfix's probes, as ``flashfix doctor`` run inside that
@@ -74,6 +75,11 @@ def _well_formed(op, value):
                 and kind in ("file", "namespace", "sourceless", "text")
                 and (kind != "text" or isinstance(value.get("text"), str))
                 and (kind != "file" or isinstance(value.get("origin"), str)))
+    if op == "entry_points":
+        found = value.get("entry_points")
+        return isinstance(found, list) and all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+            and _optional_str(e[2]) for e in found)
     return True
 
 
@@ -203,6 +209,11 @@ class PythonReader:
         if not path or not os.path.isfile(path):
             return None
         return path, _locate._sha256_file(path)
+
+    def entry_points(self, group):
+        """``[(name, value, distribution)]`` of ``group`` there (patch packs; imported here from
+        the folder that holds their module, see ``flashfix._packs``)."""
+        return [tuple(e) for e in self._ask({"op": "entry_points", "group": group})["entry_points"]]
 
     def describe(self):
         return self.label

@@ -147,6 +147,14 @@ def version(dist):
     return {"version": found.version, "file": file}
 
 
+def entry_points(group):
+    from importlib import metadata
+    found = metadata.entry_points()
+    found = found.select(group=group) if hasattr(found, "select") else found.get(group, [])  # Python 3.9
+    return {"entry_points": [[ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) else None]
+                             for ep in found]}
+
+
 def answer(value):
     sys.stdout.write(PREFIX + json.dumps(value) + "\n")
     sys.stdout.flush()
@@ -162,6 +170,8 @@ def main():
                 answer(find(request["name"]))
             elif request.get("op") == "version":
                 answer(version(request["dist"]))
+            elif request.get("op") == "entry_points":
+                answer(entry_points(request["group"]))
             else:
                 answer({"error": "unknown request"})
         except Exception as exc:

@@ -103,10 +103,6 @@ def keywords(call):
     return {kw.arg: kw.value for kw in call.keywords if kw.arg is not None}
 
 
-def source_of(node):
-    return ast.unparse(node)
-
-
 # --- recompiling one function -------------------------------------------------------------
 
 MARK_NAME = "__flashfix_mark__"  # the module global through which marked code reports its first run

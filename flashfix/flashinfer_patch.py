@@ -52,6 +52,11 @@ Affected versions
     (0.6.8.post1, 0.6.12, 0.6.15.post1, 0.6.16.post3, 0.6.17 and 0.7.2.post1 were read).
     Releases without the class are reported as not affected.
 
+Why not a semantic patch (``flashfix.semantic``)
+    The fix is not an edit of FlashInfer's code: a name chosen per process from the
+    configurations already built (a table, a warning, a JIT-disabled error) can only be
+    written in Python, around the installed ``__init__``.
+
 Delete when
     Every supported vLLM and SGLang release requires flashinfer-python >= 0.7.4.
 """
@@ -282,6 +287,17 @@ def prepare(modules):
     return [SetAttr(parent, "__init__", _wrap_init(original, sink))]
 
 
+def plan(planner):
+    """``flashfix diff``: the one replaced ``__init__``, shown from flashfix's source."""
+    from flashfix import _diff
+
+    if not _diff.binds("flashinfer.attention", SINK_CLASS):
+        raise ShapeError("flashinfer.attention has no %s" % SINK_CLASS)
+    planner.replace("flashinfer.prefill", PARENT_CLASS, "__init__", _wrap_init,
+                    "_wrap_init(<the installed %s.__init__>, %s)" % (PARENT_CLASS, SINK_CLASS),
+                    delegate="%s.__init__" % PARENT_CLASS)
+
+
 PATCHES = (
     Patch(
         id=PATCH_ID,
@@ -294,5 +310,6 @@ PATCHES = (
         summary="attention-sink wrappers that differ in KV dtype, output dtype or head dims get distinct JIT kernel names",
         probe=probe,
         prepare=prepare,
+        plan=plan,
     ),
 )

@@ -78,6 +78,12 @@ Affected versions
     reverting #52148 in each (tests/test_vllm_real.py). Releases with the fix are recognised
     by shape and left alone.
 
+Why not a semantic patch (``flashfix.semantic``)
+    The GPUs to fix are read from the build's own ``supports_sink`` (a procedural reading of
+    its gates), the factory's edit is once per wrapper slot with the release's own workspace and
+    layout expressions, and ``prepare`` checks the installed FlashInfer class: more than one
+    before -> after pair can say. The shape and edits stay hand-written.
+
 Delete when
     The oldest vLLM that flashfix supports is 0.28.0 or later, or no supported deployment
     runs a main-branch build from before 2026-08-13 (nor a fork without #52148).
@@ -86,7 +92,7 @@ Delete when
 import ast
 import copy
 
-from flashfix import _registry, _source
+from flashfix import _registry, _source, semantic
 from flashfix._source import ShapeError
 
 PATCH_ID = "vllm-sink-prefill"
@@ -308,67 +314,40 @@ def probe(trees):
 # --- part A: the prefill wrapper factory --------------------------------------------------------
 
 
-def _self_attr(self_name, attr):
-    return ast.Attribute(ast.Name(self_name, ast.Load()), attr, ast.Load())
+_SINK_BRANCH = semantic.pattern("""
+if $SELF.has_sinks and $GPUS:
+    if $SELF.is_kvcache_nvfp4:
+        raise NotImplementedError($WHY)
+    $SELF.$SLOT = BatchAttentionWithAttentionSinkWrapper(
+        $$$ARGS, **$$$KW, backend="auto", q_data_type=$SELF.q_data_type_prefill, kv_data_type=$SELF.kv_cache_dtype,
+        head_dim_qk=$SELF.head_dim, head_dim_vo=$SELF.head_dim, window_left=$SELF.window_left)
+else:
+    $$$BUILD
+""")
 
 
 def edit_factory(gpus):
     """The edit for ``_get_prefill_wrapper``: each ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(
-    workspace, layout, ...)`` statement becomes
-
-        if self.has_sinks and (<gpus>):
-            if self.is_kvcache_nvfp4:
-                raise NotImplementedError(<why>)
-            <mark>
-            self.<slot> = BatchAttentionWithAttentionSinkWrapper(workspace, layout, backend="auto",
-                q_data_type=self.q_data_type_prefill, kv_data_type=self.kv_cache_dtype,
-                head_dim_qk=self.head_dim, head_dim_vo=self.head_dim, window_left=self.window_left)
-        else:
-            <the statement as it was>
-
-    with ``workspace`` and ``layout`` the very expressions (and positional or keyword form) of
-    that construction, and ``gpus`` the capability test read from ``supports_sink``."""
+    workspace, layout, ...)`` statement becomes ``_SINK_BRANCH`` (the one-time marker before the
+    sink wrapper is built), with ``workspace`` and ``layout`` the very expressions (and positional
+    or keyword form) of that construction, ``$$$BUILD`` the statement as it was, and ``gpus`` the
+    capability test read from ``supports_sink``."""
 
     def edit(def_node, mark):
         self_name = def_node.args.args[0].arg if def_node.args.args else None
-        sites = factory_sites(def_node)
-        for number, (block, index, slot, call) in enumerate(sites):
+        for number, (block, index, slot, call) in enumerate(factory_sites(def_node)):
             stmt = block[index]
-            sink_call = ast.Call(
-                func=ast.Name(SINK_WRAPPER, ast.Load()),
-                args=[copy.deepcopy(a) for a in call.args],
-                keywords=[copy.deepcopy(kw) for kw in call.keywords if kw.arg in (_WORKSPACE, _LAYOUT)] + [
-                    ast.keyword("backend", ast.Constant("auto")),
-                    ast.keyword("q_data_type", _self_attr(self_name, "q_data_type_prefill")),
-                    ast.keyword("kv_data_type", _self_attr(self_name, "kv_cache_dtype")),
-                    ast.keyword("head_dim_qk", _self_attr(self_name, "head_dim")),
-                    ast.keyword("head_dim_vo", _self_attr(self_name, "head_dim")),
-                    ast.keyword("window_left", _self_attr(self_name, "window_left")),
-                ],
-            )
-            refuse = ast.If(
-                test=_self_attr(self_name, "is_kvcache_nvfp4"),
-                body=[ast.Raise(ast.Call(ast.Name("NotImplementedError", ast.Load()), [ast.Constant(NVFP4_REFUSAL)],
-                                         []), None)],
-                orelse=[])
-            build = ast.Assign(targets=[ast.Attribute(ast.Name(self_name, ast.Load()), slot, ast.Store())],
-                               value=sink_call)
-            branch = ast.If(
-                test=ast.BoolOp(ast.And(), [_self_attr(self_name, "has_sinks"), copy.deepcopy(gpus)]),
-                body=[refuse, mark if number == 0 else copy.deepcopy(mark), build],
-                orelse=[stmt],
-            )
-            for node in ast.walk(branch):
-                if "lineno" in node._attributes and node is not stmt and not _inside(node, stmt):
-                    ast.copy_location(node, stmt)
+            branch = semantic.build(_SINK_BRANCH, {
+                "SELF": ast.Name(self_name, ast.Load()), "GPUS": gpus, "WHY": ast.Constant(NVFP4_REFUSAL),
+                "SLOT": slot, "ARGS": call.args, "BUILD": [],
+                "KW": [kw for kw in call.keywords if kw.arg in (_WORKSPACE, _LAYOUT)]})
+            branch.body.insert(1, mark if number == 0 else copy.deepcopy(mark))
+            _located(branch, stmt)
+            branch.orelse = [stmt]
             block[index] = branch
         return def_node
 
     return edit
-
-
-def _inside(node, stmt):
-    return any(n is node for n in ast.walk(stmt))
 
 
 def _check_builder(tree):
@@ -393,38 +372,27 @@ def _located(node, where):
     return node
 
 
+_DISPATCH = semantic.pattern("""
+if isinstance(prefill_wrapper, BatchAttentionWithAttentionSinkWrapper):
+    assert $SINKS is not None
+    prefill_wrapper.run($$$QKV, $SINKS, $SELF.scale * $Q_SCALE * $K_SCALE, v_scale=$V_SCALE, out=$OUT)
+else:
+    prefill_wrapper.run($$$QKV, **$$$KW)
+""")
+
+
 def edit_forward(def_node, mark):
-    """Turn forward's generic ``prefill_wrapper.run(q, kv, ..., sinks=S)`` statement into a
-    dispatch: the sink wrapper gets ``run(q, kv, S, scale * q_scale * k_scale, v_scale=, out=)``
-    (after ``mark``), any other wrapper the original call without ``sinks=``."""
+    """Turn forward's generic ``prefill_wrapper.run(q, kv, ..., sinks=S)`` statement into
+    ``_DISPATCH``: the sink wrapper gets ``run(q, kv, S, scale * q_scale * k_scale, v_scale=,
+    out=)`` (after ``mark``), any other wrapper the original call without ``sinks=``."""
     block, index, call = _find_sink_run(def_node)
     stmt = block[index]
     if not def_node.args.args:
         raise ShapeError("forward has no self argument")
-    self_name = def_node.args.args[0].arg
-    kw = _source.keywords(call)
-    sinks = kw["sinks"]
-    softmax_scale = ast.BinOp(
-        ast.BinOp(ast.Attribute(ast.Name(self_name, ast.Load()), "scale", ast.Load()), ast.Mult(),
-                  copy.deepcopy(kw["q_scale"])),
-        ast.Mult(), copy.deepcopy(kw["k_scale"]))
-    sink_run = ast.Call(
-        func=copy.deepcopy(call.func),
-        args=[copy.deepcopy(a) for a in call.args] + [copy.deepcopy(sinks), softmax_scale],
-        keywords=[ast.keyword("v_scale", copy.deepcopy(kw["v_scale"])), ast.keyword("out", copy.deepcopy(kw["out"]))],
-    )
-    generic_run = copy.deepcopy(call)
-    generic_run.keywords = [k for k in generic_run.keywords if k.arg != "sinks"]
-    dispatch = ast.If(
-        test=ast.Call(ast.Name("isinstance", ast.Load()),
-                      [ast.Name("prefill_wrapper", ast.Load()), ast.Name(SINK_WRAPPER, ast.Load())], []),
-        body=[
-            mark,
-            ast.Assert(ast.Compare(copy.deepcopy(sinks), [ast.IsNot()], [ast.Constant(None)]), None),
-            ast.Expr(sink_run),
-        ],
-        orelse=[ast.Expr(generic_run)],
-    )
+    given = {kw.arg.upper(): kw.value for kw in call.keywords}
+    dispatch = semantic.build(_DISPATCH, dict(given, SELF=ast.Name(def_node.args.args[0].arg, ast.Load()),
+                                              QKV=call.args, KW=[k for k in call.keywords if k.arg != "sinks"]))
+    dispatch.body.insert(0, mark)
     _located(dispatch, stmt)
     _located(mark, call)
     block[index] = dispatch
@@ -468,6 +436,21 @@ def prepare(modules):
     return [_registry.SetAttr(module, SINK_WRAPPER, sink_wrapper), factory_change, forward_change]  # C, A, B
 
 
+def plan(planner):
+    """``flashfix diff``: the changes of ``prepare``, made from source."""
+    from flashfix import _diff
+
+    if not _diff.binds("flashinfer", SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
+        raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"
+                         % SINK_WRAPPER)
+    gpus = sink_gpu_test(_source.find_def(_source.module_ast(TARGET), SUPPORTS_SINK))
+    if gpus is None:
+        raise ShapeError("%s admits no GPU with a generic prefill" % SUPPORTS_SINK)
+    planner.add_name(TARGET, SINK_WRAPPER, "flashinfer", SINK_WRAPPER)  # part C
+    planner.rewrite(TARGET, FACTORY, edit_factory(gpus))  # part A
+    planner.rewrite(TARGET, FORWARD, edit_forward)  # part B
+
+
 PATCHES = (
     _registry.Patch(
         id=PATCH_ID,
@@ -481,5 +464,6 @@ PATCHES = (
                 "sinks with a generic prefill, instead of silently dropping sinks",
         probe=probe,
         prepare=prepare,
+        plan=plan,
     ),
 )

@@ -6,6 +6,8 @@
     python scripts/sweep_releases.py --write-readme    # also the tables in docs/compatibility.md and the
                                                        # README, and benchmarks/results/sweep.json
     python scripts/sweep_releases.py --check benchmarks/results/sweep.json   # the drift watch
+    python scripts/sweep_releases.py --pack my_pack.patches --only vllm==0.28.0,vllm==0.29.0
+                                                       # a patch pack's backports only (importable module)
 
 Nothing is installed or unpacked. A wheel is a zip: its central directory and the few members
 the probes read (each patch's target modules, the modules a probe looks into, and the
@@ -231,8 +233,27 @@ def wheel_reader(dist, version, index=INDEX):
     return _locate.ZipReader(archive, wheel["filename"])
 
 
+_only_packs = []  # the patches of --pack modules: when set, the sweep judges these alone
+
+
+def use_packs(modules):
+    """Judge the patches of these pack modules (``PATCHES``, checked and registered as the
+    entry-point group's packs are) instead of every installed one. ValueError when one cannot
+    be loaded."""
+    from flashfix import _packs
+
+    _registry.load_all()
+    for module in modules:
+        entry = _packs.Entry("--pack", "--pack", module, "--pack %s" % module, None)
+        patches = _registry._declare(entry)
+        if not patches:
+            raise ValueError("; ".join(_registry.problems("--pack")) or "%s declares no patch" % module)
+        _only_packs.extend(patches)
+
+
 def patches_of(dist):
-    return [p for p in _registry.load_all() if canonicalize_name(p.engine) == canonicalize_name(dist)]
+    patches = _only_packs or _registry.load_all()
+    return [p for p in patches if canonicalize_name(p.engine) == canonicalize_name(dist)]
 
 
 def judge_archive(archive, label, dist):
@@ -309,7 +330,7 @@ def plan(only=None, since=None, index=INDEX, dists=None):
     for dist, version in only or ():
         wanted.setdefault(dist, []).append(version)
     todo = []
-    for dist in dists or FLOORS:
+    for dist in dists or [d for d in FLOORS if not _only_packs or patches_of(d)]:
         if only is not None and dist not in wanted:
             continue
         page_url, data = index_json(dist, index, http)
@@ -523,6 +544,9 @@ def main(argv=None):
     parser.add_argument("--index", default=INDEX, help="the JSON API URL pattern, {name} for the distribution")
     parser.add_argument("--retries", type=int, default=RETRIES, help="retries per HTTP request (default %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="no per-release progress on stderr")
+    parser.add_argument("--pack", action="append", default=[], metavar="MODULE",
+                        help="sweep the backports of this patch-pack module (its PATCHES; importable from here, e.g. "
+                             "with PYTHONPATH) instead of every patch; repeat for several")
     args = parser.parse_args(argv)
     RETRIES = max(0, args.retries)
     try:
@@ -535,8 +559,12 @@ def main(argv=None):
             since[canonicalize_name(dist)] = Version(version.strip()).public
     except (ValueError, InvalidVersion) as exc:
         parser.error(str(exc))
-    if args.write_readme and (only is not None or since):
-        parser.error("--write-readme needs the full sweep (no --only, no --since)")
+    if args.write_readme and (only is not None or since or args.pack):
+        parser.error("--write-readme needs the full sweep of flashfix's patches (no --only, --since or --pack)")
+    try:
+        use_packs(args.pack)
+    except ValueError as exc:
+        parser.error("--pack: %s" % exc)
     if not 1 <= args.jobs <= MAX_JOBS:
         parser.error("--jobs must be 1 to %d" % MAX_JOBS)
     json_path = Path(args.json) if args.json else (DEFAULT_JSON if args.write_readme else None)

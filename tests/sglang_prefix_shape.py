@@ -1,18 +1,12 @@
 """Pre-fix shapes of SGLang releases that carry PR #34217, derived at test time (tests/test_sglang_derived.py).
 
-``derive_fp8_source`` and ``derive_vision_source`` rebuild, from an installed fixed release's own
-files, the code as it would be without the two parts of #34217 that can be reverted on their own:
-
-* ``sglang/srt/layers/attention/flashinfer_backend.py``: the paged ``forward_return_lse`` call of
-  ``FlashInferAttnBackend.forward_extend`` loses its ``k_scale=layer.k_scale_float,
-  v_scale=layer.v_scale_float`` keywords (the paged ``forward`` call keeps its own);
-* ``sglang/srt/configs/model_config.py``: the ``getattr(X, "vision_config", None) is not None``
-  test of ``is_image_understandable_model`` in ``ModelConfig.__init__`` becomes
-  ``hasattr(X, "vision_config")``.
-
-Each raises unless the fixed file has exactly the one piece to revert. Everything else stays as
-the release has it. Nothing is copied from upstream: the edits are AST transformations of the
-installed file, written to a temporary file that ``install`` serves under the real module name.
+The derivations come from flashfix's own declarations: every SGLang patch declared as a
+semantic backport (``flashfix.semantic.Backport``: today the FP8 scales of the paged
+``forward_return_lse`` in ``FlashInferAttnBackend.forward_extend`` and the vision-tower test of
+``ModelConfig.__init__``) is applied backwards, after -> before, to the installed fixed release's
+module (``semantic.derive_prefix``): only the statement holding the one after-form changes, the
+rest of the file keeps its text. It raises unless the fixed file has exactly that one form.
+The derived text is written to a temporary file that ``install`` serves under the real module name.
 
 The autotune part of #34217 is not derived: from 0.5.18 the modelopt-FP8 autotune decision is
 ``flashinfer_per_tensor_fp8_supported()`` (SM90, SM100 or SM120, a helper that also decides at
@@ -22,13 +16,21 @@ autotune" alone, so there is no pre-fix shape of it to restore (see ``autotune_f
 """
 
 import ast
+import functools
 import importlib.util
 import os
 import sys
 
+import this_checkout
+
+this_checkout.flashfix()
+from flashfix import semantic, sglang_patch  # noqa: E402
+
 FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
 MODEL_CONFIG = "sglang.srt.configs.model_config"
 AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
+DECLARED = [p for p in sglang_patch.PATCHES if p.rule is not None]
+DERIVE = {p.targets[0]: functools.partial(semantic.derive_prefix, p) for p in DECLARED}
 
 
 def _find(tree, qualname):
@@ -36,59 +38,6 @@ def _find(tree, qualname):
     for part in qualname.split("."):
         node = next(c for c in node.body if getattr(c, "name", None) == part)
     return node
-
-
-def _paged_calls(func, method):
-    return [n for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == method and isinstance(n.func.value, ast.Name)
-            and n.func.value.id == "prefill_wrapper_paged"]
-
-
-def derive_fp8_source(fixed_source):
-    """``flashinfer_backend.py`` without the FP8 scales of the paged ``forward_return_lse``."""
-    tree = ast.parse(fixed_source)
-    func = _find(tree, "FlashInferAttnBackend.forward_extend")
-    (call,) = _paged_calls(func, "forward_return_lse")
-    scales = [kw for kw in call.keywords if kw.arg in ("k_scale", "v_scale")]
-    assert [(kw.arg, ast.unparse(kw.value)) for kw in scales] == [
-        ("k_scale", "layer.k_scale_float"), ("v_scale", "layer.v_scale_float")], ast.unparse(call)
-    call.keywords = [kw for kw in call.keywords if kw not in scales]
-    (forward,) = _paged_calls(func, "forward")  # the paged forward call keeps its scales
-    assert {"k_scale", "v_scale"} <= {kw.arg for kw in forward.keywords}
-    return ast.unparse(tree) + "\n"
-
-
-def _is_tower_check(node):
-    return (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.IsNot)
-            and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
-            and isinstance(node.left, ast.Call) and isinstance(node.left.func, ast.Name)
-            and node.left.func.id == "getattr" and len(node.left.args) == 3
-            and [ast.unparse(a) for a in node.left.args[1:]] == ["'vision_config'", "None"])
-
-
-def derive_vision_source(fixed_source):
-    """``model_config.py`` with ``hasattr(X, "vision_config")`` for the vision-tower test."""
-    tree = ast.parse(fixed_source)
-    func = _find(tree, "ModelConfig.__init__")
-    found = []
-    for parent in ast.walk(func):
-        for field, value in ast.iter_fields(parent):
-            if _is_tower_check(value):
-                found.append((parent, field, None, value))
-            elif isinstance(value, list):
-                found.extend((parent, field, i, v) for i, v in enumerate(value) if _is_tower_check(v))
-    assert len(found) == 1, [ast.unparse(f[3]) for f in found]
-    parent, field, index, check = found[0]
-    replacement = ast.Call(ast.Name("hasattr", ast.Load()), [check.left.args[0], ast.Constant("vision_config")], [])
-    if index is None:
-        setattr(parent, field, replacement)
-    else:
-        getattr(parent, field)[index] = replacement
-    ast.fix_missing_locations(tree)
-    return ast.unparse(tree) + "\n"
-
-
-DERIVE = {FLASHINFER_BACKEND: derive_fp8_source, MODEL_CONFIG: derive_vision_source}
 
 
 def autotune_fp8_condition(fixed_source):

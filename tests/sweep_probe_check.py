@@ -39,7 +39,7 @@ def autotune(trees):
 
 
 def vision(tree):
-    shape = sglang_patch._vision_probe({MODEL_CONFIG: tree})
+    shape = sglang_patch.VISION_CONFIG.probe({MODEL_CONFIG: tree})
     return {"kind": shape.kind, "reason": shape.reason}
 
 
@@ -63,7 +63,7 @@ def fp8_edit(tree):
     original = _source.find_def(tree, "FlashInferAttnBackend.forward_extend")
     edited = copy.deepcopy(original)
     mark = _source.marker("sglang-fp8-kv-scales:test")
-    sglang_patch._fp8_edit(edited, mark)
+    sglang_patch.FP8_KV_SCALES.rule.edit(edited, mark)  # the declaration's own edit
     before, after = calls_of(original), calls_of(edited)
     lse = [c for c in ast.walk(edited) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
            and c.func.attr == "forward_return_lse" and ast.unparse(c.func.value) == "prefill_wrapper_paged"][0]
@@ -110,7 +110,7 @@ def main():
             "present": {m: isinstance(t, ast.Module) for m, t in trees.items()},
             "autotune": autotune({m: trees[m] for m in sites}),
             "vision": vision(trees[MODEL_CONFIG]),
-            "fp8_probe": sglang_patch._fp8_probe({BACKEND: trees[BACKEND]}).kind,
+            "fp8_probe": sglang_patch.FP8_KV_SCALES.probe({BACKEND: trees[BACKEND]}).kind,
             "fp8_edit": fp8_edit(trees[BACKEND]) if version in ("0.5.1", "0.5.1.post3", "0.5.5.post1") else None,
         }
         if version == "0.5.6":

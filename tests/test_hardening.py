@@ -253,8 +253,9 @@ def test_strict_failure_before_the_registry_is_not_swallowed(fake_site):
     '''
     (r,), proc = run_py(code, site, env={"FLASHFIX_STRICT": "1"})
     assert len(r["outcomes"]) == 2
-    for outcome in r["outcomes"]:  # the import fails, both times, naming the cause
-        assert outcome.startswith("HookAbort: flashfix strict mode") and "patch module cannot load" in outcome
+    for outcome in r["outcomes"]:  # the import fails, both times, naming the pack and the cause
+        assert outcome.startswith("PatchError: flashfix strict mode: pack flashfix (entry point fakeeng = fake_patches"
+                                  ) and "patch module cannot load" in outcome, outcome
     (r,), proc = run_py(code, site)  # not strict: the engine imports, the failure is logged
     assert r == {"outcomes": [2, 2]} and "patch module cannot load" in proc.stderr
 

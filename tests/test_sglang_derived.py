@@ -2,7 +2,8 @@
 
 No SGLang release after 0.5.17 lacks #34217, but a fork or backport branch of a later release
 can. For each release, tests/sglang_prefix_shape.py reverts #34217's FP8-scale and vision
-changes in the installed files at test time (AST edits, written to temporary files); one process
+changes in the installed files at test time, each derived from its flashfix declaration (the
+backport applied after -> before, ``flashfix.semantic.derive_prefix``; written to temporary files); one process
 of that release's environment then serves the derived files under the real module names and runs
 tests/sglang_real_check.py, the same exercises as for the released versions: SGLang's own
 ``forward_extend`` with recording wrappers, ``ModelConfig`` from local config.json files, with
@@ -162,14 +163,14 @@ def test_derivation_reverts_one_piece_each(release):
             owner.body = [s for s in owner.body if getattr(s, "name", None) != name]
         assert ast.unparse(prefix) == ast.unparse(fixed), module
     # the function itself: one call loses two keywords / one test is spelled with hasattr
-    backend = installed(release, derive.FLASHINFER_BACKEND).read_text()
-    lse = [ast.unparse(c) for c in derive._paged_calls(
-        _source.find_def(ast.parse(derive.derive_fp8_source(backend)), "FlashInferAttnBackend.forward_extend"),
-        "forward_return_lse")]
+    backend = derive.DERIVE[derive.FLASHINFER_BACKEND](installed(release, derive.FLASHINFER_BACKEND).read_text())
+    lse = [ast.unparse(c) for c in ast.walk(_source.find_def(ast.parse(backend), "FlashInferAttnBackend.forward_extend"))
+           if isinstance(c, ast.Call) and ast.unparse(c.func) == "prefill_wrapper_paged.forward_return_lse"]
     assert len(lse) == 1 and "k_scale" not in lse[0] and "v_scale" not in lse[0], lse
-    config = ast.unparse(_source.find_def(ast.parse(derive.derive_vision_source(
+    config = ast.unparse(_source.find_def(ast.parse(derive.DERIVE[derive.MODEL_CONFIG](
         installed(release, derive.MODEL_CONFIG).read_text())), "ModelConfig.__init__"))
     assert "hasattr(self.hf_config, 'vision_config')" in config and "'vision_config', None) is not None" not in config
+    assert sorted(derive.DERIVE) == sorted([derive.FLASHINFER_BACKEND, derive.MODEL_CONFIG])  # every declaration
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -237,7 +237,7 @@ def test_tracebacks_after_a_rewritten_statement_name_the_installed_lines(engine_
 
 
 def test_every_patch_has_a_source_only_plan():
-    assert set(_diff.PLANS) == {p.id for p in _registry.load_all()}
+    assert all(callable(p.plan) for p in _registry.load_all())
 
 
 # --- bad input ------------------------------------------------------------------------------------

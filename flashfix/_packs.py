@@ -1,0 +1,195 @@
+"""Patch packs: backports that any distribution contributes through the entry-point group
+``flashfix.patches``.
+
+An entry point's *name* is the engine's top-level package whose import loads it (a key of
+``flashfix.PATCH_MODULES``: ``vllm``, ``sglang`` or ``flashinfer``); its *value* is a module,
+or a ``module:attribute`` object, with ``PATCHES``: the ``Patch`` objects it declares (a
+``flashfix.semantic.Backport`` is one). A pack that patches two engines declares two entry
+points. flashfix's own patch modules are entry points of this group in its own
+``pyproject.toml`` and are loaded by the same ``load`` as any pack, so the public path runs on
+every engine import. A copy of flashfix without installed metadata (a source checkout on
+``PYTHONPATH``), or whose installed metadata is another copy's, still loads its own patches:
+``entries`` adds each ``PATCH_MODULES`` module that the metadata does not list, as an entry of
+the distribution ``flashfix`` (``builtin`` true), loaded by that same function.
+
+Nothing here runs at interpreter start: the entry points are read (``importlib.metadata``) when an
+engine's top-level package is first imported, and by
+``status``, ``doctor``, ``diff`` and the sweep. Only the packs named for that engine are
+imported then.
+
+A pack is loaded whole or not at all: if its import fails, if it has no ``PATCHES``, if one
+declaration is not a ``Patch`` or lacks a field, or if an id is already taken (by flashfix or
+another pack) or repeated, none of its patches is registered, and one problem line names the
+distribution and the entry point. The registry logs it, and under ``FLASHFIX_STRICT=1`` the
+engine's import fails with ``PatchError``.
+
+Another environment (``flashfix doctor --path``/``--python``): the packs installed *there* are
+listed from that environment's metadata (``entry_points.txt`` of the distributions in the
+folders or wheel read; for ``--python`` the other interpreter lists them) and imported *here*,
+from the folder (or wheel) that holds their module, through a temporary ``sys.path`` entry,
+so their declarations are judged by this flashfix. flashfix's own entries there are skipped:
+this copy's patches are the ones judged.
+"""
+
+import importlib
+import os
+import sys
+from collections import namedtuple
+
+import flashfix
+
+GROUP = "flashfix.patches"
+OWN = "flashfix"
+
+# top: the engine package whose import loads it; name, value: the entry point; dist: the
+# distribution that declares it; root: the sys.path entry to import it from (None: this
+# interpreter's sys.path); builtin: one of flashfix's own modules not listed in the metadata.
+Entry = namedtuple("Entry", "top name value dist root builtin", defaults=(None, False))
+
+
+def label(entry):
+    """How a log line names a pack: its distribution and its entry point."""
+    return "pack %s (entry point %s = %s%s)" % (entry.dist or "?", entry.name, entry.value,
+                                                 ", built in" if entry.builtin else "")
+
+
+def _own():
+    return [Entry(top, top, module, OWN, None, True) for top, module in flashfix.PATCH_MODULES.items()]
+
+
+def _merge(listed):
+    """flashfix's own entries first (listed or built in: its ids win over a pack's), then the
+    other packs in the metadata's order."""
+    own = [e for e in listed if e.dist is not None and _normal(e.dist) == OWN]
+    values = {e.value for e in own}
+    return own + [e for e in _own() if e.value not in values] + [e for e in listed if e not in own]
+
+
+def _normal(name):
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_installed_cache = []
+
+
+def installed():
+    """This interpreter's entries (read once per process; a pack installed later is seen by
+    the next process), flashfix's own included."""
+    if not _installed_cache:
+        from importlib import metadata
+
+        found = [(ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) is not None else None)
+                 for ep in metadata.entry_points(group=GROUP)]
+        _installed_cache.append(_merge([Entry(name, name, value, dist, None) for name, value, dist in found]))
+    return _installed_cache[0]
+
+
+def foreign(reader):
+    """``(entries, [(entry, problem)])`` of the environment ``reader`` reads (``doctor
+    --path/--python``): the packs listed there, each with the folder to import it from;
+    flashfix's own entries there are left out (this copy's patches are judged)."""
+    lister = getattr(reader, "entry_points", None)
+    found = []
+    problems = []
+    for name, value, dist in (lister(GROUP) if lister is not None else ()):
+        if dist is not None and _normal(dist) == OWN:
+            continue
+        entry = Entry(name, name, value, dist, None)
+        try:
+            found.append(entry._replace(root=_root(reader, value)))
+        except LookupError as exc:
+            problems.append((entry, "cannot be found in the environment read: %s" % exc))
+    return found, problems
+
+
+def _root(reader, value):
+    """The sys.path entry (folder or wheel) that holds the module of ``value``, in the
+    environment ``reader`` reads."""
+    module = value.split(":", 1)[0].strip()
+    found = reader.find(module)
+    if found is None or not found.origin:
+        raise LookupError("no module %s there" % module)
+    origin = found.origin
+    archive, _, member = origin.partition("!/")
+    path = member if member else origin
+    parts = path.replace(os.sep, "/").split("/")
+    depth = len(module.split("."))
+    if parts[-1] == "__init__.py":
+        depth += 1
+    base = "/".join(parts[:-depth]) if len(parts) > depth else ""
+    if member:
+        return archive + ("/" + base if base else "")
+    return base.replace("/", os.sep) or os.sep
+
+
+def load(entry):
+    """``entry``'s ``PATCHES``, checked (``Problem`` with the reason when the pack must be
+    skipped). Imports the pack: never call it holding a lock."""
+    module, _, attrs = entry.value.partition(":")
+    try:
+        target = _import(module.strip(), entry.root)
+        for attr in attrs.split("[")[0].strip().split(".") if attrs.strip() else ():
+            target = getattr(target, attr)
+    except Exception as exc:
+        raise Problem("cannot be imported: %r" % (exc,)) from exc
+    declared = getattr(target, "PATCHES", None)
+    if declared is None:
+        raise Problem("%s has no PATCHES" % entry.value)
+    try:
+        patches = tuple(declared)
+    except TypeError:
+        raise Problem("its PATCHES is not an iterable of Patch objects") from None
+    return check(patches)
+
+
+class Problem(Exception):
+    """A pack that cannot be loaded; the message says why."""
+
+
+def check(patches):
+    """``patches`` if every one is a well-formed ``Patch`` with its own id, else ``Problem``."""
+    from flashfix._registry import Patch
+
+    seen = set()
+    for i, patch in enumerate(patches):
+        if not isinstance(patch, Patch):
+            raise Problem("PATCHES[%d] is a %s, not a flashfix Patch" % (i, type(patch).__name__))
+        text = [f for f in ("id", "engine", "versions", "upstream", "fixed_in", "summary")
+                if not isinstance(getattr(patch, f), str) or not getattr(patch, f).strip()]
+        calls = [f for f in ("probe", "prepare") if not callable(getattr(patch, f))]
+        targets = patch.targets
+        if not callable(targets) and not (isinstance(targets, tuple) and targets
+                                          and all(isinstance(t, str) and t for t in targets)):
+            calls.append("targets")
+        if text or calls:
+            raise Problem("PATCHES[%d] (%r) is malformed: %s" % (
+                i, getattr(patch, "id", None), ", ".join(["%s missing or not a string" % f for f in text]
+                                                          + ["%s missing or of the wrong type" % f for f in calls])))
+        if patch.id in seen:
+            raise Problem("declares the id %s twice" % patch.id)
+        seen.add(patch.id)
+    return patches
+
+
+def _import(module, root):
+    if root is None:
+        return importlib.import_module(module)
+    top = module.split(".")[0]
+    if top == "flashfix":
+        raise ImportError("a pack of another environment cannot be imported as flashfix itself")
+    family = lambda name: name == top or name.startswith(top + ".")  # noqa: E731
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if family(name)}
+    sys.path.insert(0, root)
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module(module)
+    finally:
+        try:
+            sys.path.remove(root)
+        except ValueError:
+            pass
+        for name in [n for n in list(sys.modules) if family(n)]:
+            del sys.modules[name]  # the pack's objects live on; its modules leave this process's namespace
+        sys.modules.update(saved)

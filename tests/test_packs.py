@@ -1,0 +1,290 @@
+"""Patch packs (entry-point group ``flashfix.patches``), each installed as a real distribution.
+
+The failure cases use the fake engine of conftest.py (an import-system mechanism); the README's
+example pack (examples/flashfix-pack-example, shown in the README's "Writing a backport") is
+installed next to real vLLM releases and shown to fix a real bug there.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import engine_env
+from conftest import REPO, run_py
+
+EXAMPLE = REPO / "examples" / "flashfix-pack-example"
+PACK_ID = "vllm-cpu-mixed-seed-sampling"
+
+
+def uv():
+    return engine_env.uv()
+
+
+def make_project(root, dist, module, body, entry="fakeeng"):
+    """A tiny pack project: distribution ``dist``, module ``module`` with ``body``, one entry
+    point ``entry = module`` in ``flashfix.patches``."""
+    project = root / dist
+    (project / module).mkdir(parents=True)
+    (project / module / "__init__.py").write_text(textwrap.dedent(body))
+    (project / "pyproject.toml").write_text(textwrap.dedent('''
+        [build-system]
+        requires = ["hatchling>=1.18"]
+        build-backend = "hatchling.build"
+        [project]
+        name = "%s"
+        version = "1.0"
+        [project.entry-points."flashfix.patches"]
+        %s = "%s"
+        [tool.hatch.build.targets.wheel]
+        packages = ["%s"]
+    ''' % (dist, entry, module, module)))
+    return project
+
+
+def install(target, *projects, python=sys.executable):
+    subprocess.run([uv(), "pip", "install", "-q", "--no-deps", "--python", str(python), "--target", str(target)]
+                   + [str(p) for p in projects], check=True)
+    return target
+
+
+GOOD = '''
+from flashfix._registry import Patch, Shape, SetAttr, BUGGY
+
+def prepare(modules):
+    core = modules["fakeeng.core"]
+    return [SetAttr(core.Engine, "other", lambda self: "patched by a pack")]
+
+PATCHES = (Patch(id="ffx-other", engine="fakeeng", targets=("fakeeng.core",), versions="<2", upstream="u",
+                 fixed_in="2.0", delete_when="never", summary="other, from a pack",
+                 probe=lambda trees: Shape(BUGGY, "always"), prepare=prepare),)
+'''
+
+MALFORMED = GOOD.replace("ffx-other", "ffx-good-1").replace("prepare=prepare),)", "prepare=prepare), 'not a patch')")
+DUPLICATE = GOOD.replace("ffx-other", "fake-compute")  # flashfix's own (fake) patch id
+BROKEN = "raise ImportError('this pack is broken')\n"
+
+
+@pytest.fixture(scope="module")
+def fake_packs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packs")
+    projects = [make_project(root, "ffx-good", "ffx_good", GOOD), make_project(root, "ffx-malformed", "ffx_malformed", MALFORMED),
+                make_project(root, "ffx-dup", "ffx_dup", DUPLICATE), make_project(root, "ffx-broken", "ffx_broken", BROKEN)]
+    return install(root / "site", *projects)
+
+
+LINES = {
+    "ffx-broken": "pack ffx-broken (entry point fakeeng = ffx_broken) skipped, none of its patches is loaded: "
+                  "cannot be imported: ImportError('this pack is broken')",
+    "ffx-malformed": "pack ffx-malformed (entry point fakeeng = ffx_malformed) skipped, none of its patches is loaded: "
+                     "PATCHES[1] is a str, not a flashfix Patch",
+    "ffx-dup": "pack ffx-dup (entry point fakeeng = ffx_dup) skipped, none of its patches is loaded: "
+               "the id fake-compute is already taken by another pack or by flashfix",
+}
+
+
+def _run(code, site, packs, env=None, check=True):
+    return run_py(code, site=os.pathsep.join([str(site), str(packs)]), env=env, check=check)
+
+
+def test_broken_malformed_and_duplicate_packs_are_skipped_whole_with_one_line_each(fake_site, fake_packs):
+    site = fake_site()
+    results, proc = _run('''
+        use_fake()
+        import fakeeng.core
+        import flashfix
+        rows = {r["id"]: r["state"] for r in flashfix.status() if r["engine"] == "fakeeng"}
+        report(rows=rows, other=fakeeng.core.Engine().other(), compute=fakeeng.core.Engine().compute(1))
+    ''', site, fake_packs)
+    (result,) = results
+    # flashfix's own (here the fake) patch and the good pack apply; the bad packs add nothing
+    assert result["rows"] == {"fake-compute": "applied", "ffx-other": "applied"}, result
+    assert result["other"] == "patched by a pack" and result["compute"] == 3
+    for dist, line in LINES.items():
+        assert proc.stderr.count(line) == 1, (dist, proc.stderr)
+    assert proc.stderr.count("skipped, none of its patches is loaded") == 3, proc.stderr
+
+
+def test_strict_mode_fails_the_engine_import_naming_the_packs(fake_site, fake_packs):
+    site = fake_site()
+    results, proc = _run('''
+        use_fake()
+        import flashfix
+        try:
+            import fakeeng.core
+        except flashfix.PatchError as exc:
+            report(error=str(exc))
+        else:
+            report(error=None)
+    ''', site, fake_packs, env={"FLASHFIX_STRICT": "1"})
+    (result,) = results
+    assert result["error"] is not None
+    for line in LINES.values():
+        assert line in result["error"], result["error"]
+
+
+def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site, fake_packs, tmp_path):
+    site = fake_site()
+    results, proc = _run('''
+        use_fake()
+        import fakeeng.core
+        import flashfix
+        report(rows={r["id"]: r["state"] for r in flashfix.status()}, other=fakeeng.core.Engine().other())
+    ''', site, fake_packs, env={"FLASHFIX_DISABLE": "ffx-other"})
+    (result,) = results
+    assert result["rows"]["ffx-other"] == "disabled" and result["other"] == "patched other", result  # flashfix's own fake
+    assert "unknown patch id" not in proc.stderr, proc.stderr
+    # doctor --path: the packs installed in the folder read are found there and judged here
+    results, proc = run_py('''
+        import io, contextlib, json, sys
+        use_fake()
+        from flashfix import _cli
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = _cli.main(["doctor", "--json", "--path", %r, "--path", %r])
+        report(code=code, rows={r["id"]: r["verdict"] for r in json.loads(out.getvalue())})
+    ''' % (str(site), str(fake_packs)), site=site, check=False)  # flashfix's own (fake) module importable here
+    (result,) = results
+    rows = {k: v for k, v in result["rows"].items() if k.startswith(("fake", "ffx"))}
+    assert rows == {"fake-compute": "patch", "ffx-other": "patch"}, (result, proc.stderr)
+    for line in LINES.values():
+        assert line in proc.stderr, proc.stderr
+
+
+# --- the README example, as an installed distribution next to real vLLM releases ------------------
+
+SAMPLE = '''
+import json, os, sys
+ACTIVATE
+import torch
+from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+sampler = TopKTopPSampler()
+logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0))
+
+def draw():  # a batch of two requests, only the first one seeded
+    out, _ = sampler.forward_cpu(logits.clone(), {0: torch.Generator().manual_seed(1234)}, None, None)
+    return out[0].item()
+
+draws = [draw() for _ in range(6)]
+flashfix = sys.modules.get("flashfix")
+rows = {r["id"]: r for r in flashfix.status()} if flashfix else {}
+print("FLASHFIX_RESULT=" + json.dumps({"draws": draws, "flashfix": bool(flashfix),
+                                       "row": rows.get("PACK_ID"), "own": sorted(rows)}))
+'''.replace("PACK_ID", PACK_ID)
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wheels")
+    for project in (REPO, EXAMPLE):
+        subprocess.run([uv(), "build", "-q", "--wheel", "-o", str(root), str(project)], check=True)
+    return next(root.glob("flashfix-[0-9]*.whl")), next(root.glob("flashfix_pack_example-*.whl"))
+
+
+def layered_venv(path, requirement, wheels):
+    """A venv over ``requirement``'s shared environment (a .pth line puts its site-packages on
+    sys.path; nothing is written there) with flashfix's wheel and ``wheels`` installed: flashfix.pth
+    runs at start-up."""
+    python = engine_env.env_python(requirement)
+    subprocess.run([uv(), "venv", "-q", "--python", str(python), str(path)], check=True)
+    (site,) = path.glob("lib/python*/site-packages")
+    (engine_site,) = python.parent.parent.glob("lib/python*/site-packages")
+    (site / "zz_engine.pth").write_text(str(engine_site) + "\n")
+    subprocess.run([uv(), "pip", "install", "-q", "--no-deps", "--python", str(path / "bin" / "python")]
+                   + [str(w) for w in wheels], check=True)
+    return path / "bin" / "python"
+
+
+def _engine(python, code, env=None, args=("-c",)):
+    full = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("FLASHFIX_")}
+    full.update({"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TORCHDYNAMO_DISABLE": "1"}, **(env or {}))
+    proc = subprocess.run([str(python)] + list(args) + ([code] if code else []), env=full, capture_output=True,
+                          text=True, timeout=900)
+    results = [json.loads(l[len("FLASHFIX_RESULT="):]) for l in proc.stdout.splitlines()
+               if l.startswith("FLASHFIX_RESULT=")]
+    return proc, results
+
+
+def test_readme_example_pack_fixes_vllm_0_28_and_is_fixed_upstream_in_0_29(wheels, tmp_path):
+    flashfix_wheel, pack_wheel = wheels
+    # 1. without the pack (flashfix alone, `import flashfix`): the seeded request is not reproducible
+    bare = install(tmp_path / "bare", flashfix_wheel)
+    python28 = engine_env.env_python("vllm==0.28.0")
+    proc, (without,) = _engine(python28, SAMPLE.replace("ACTIVATE", "import flashfix"), env={"PYTHONPATH": str(bare)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert without["row"] is None and "vllm-sink-prefill" in without["own"]
+    assert len(set(without["draws"])) > 1, without  # the bug: the seed is ignored
+
+    # 2. with the pack, activated by `import flashfix` (flashfix and the pack on PYTHONPATH)
+    both = install(tmp_path / "both", flashfix_wheel, pack_wheel)
+    proc, (fixed,) = _engine(python28, SAMPLE.replace("ACTIVATE", "import flashfix"), env={"PYTHONPATH": str(both)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(set(fixed["draws"])) == 1, fixed  # the seed is honoured
+    assert fixed["row"]["state"] == "applied" and fixed["row"]["ran"] is True, fixed
+    assert "applied %s to vllm 0.28.0" % PACK_ID in proc.stderr
+
+    # 3. with the pack, activated by flashfix.pth at start-up (the code never imports flashfix)
+    venv28 = layered_venv(tmp_path / "venv28", "vllm==0.28.0", wheels)
+    proc, (started,) = _engine(venv28, SAMPLE.replace("ACTIVATE", ""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert started["flashfix"] and len(set(started["draws"])) == 1, started
+    assert started["row"]["state"] == "applied", started
+    # flashfix's own patches came through the same entry-point group, from the installed metadata
+    proc, (entries,) = _engine(venv28, '''
+import json
+from flashfix import _packs
+print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
+''')
+    assert sorted((e[0], e[2], e[3], e[5]) for e in entries) == [
+        ("flashinfer", "flashfix.flashinfer_patch", "flashfix", False), ("sglang", "flashfix.sglang_patch", "flashfix", False),
+        ("vllm", "flashfix.vllm_patch", "flashfix", False), ("vllm", "flashfix_pack_example", "flashfix-pack-example", False)]
+
+    # 4. flashfix diff shows the change, as the README shows it
+    proc, _ = _engine(venv28, None, args=("-m", "flashfix", "diff", PACK_ID))
+    assert proc.returncode == 0, proc.stderr
+    assert "-        if len(generators) != logits.shape[0] and not self.use_fp64_gumbel:" in proc.stdout, proc.stdout
+    # the changed statement is written back by ast.unparse (flashfix.semantic), hence the brackets
+    assert "+        if not generators and (not self.use_fp64_gumbel):" in proc.stdout, proc.stdout
+
+    # 5. doctor: patch on 0.28.0, fixed-upstream on 0.29.0, read through --python (the pack
+    #    installed there) and --path (the pack's folder next to the release's site-packages)
+    venv29 = layered_venv(tmp_path / "venv29", "vllm==0.29.0", wheels)
+    verdicts = {}
+    for label, args in (("0.28.0 --python", ["--python", str(venv28)]), ("0.29.0 --python", ["--python", str(venv29)]),
+                        ("0.29.0 --path", ["--path", str(both), "--path", str(next(
+                            engine_env.env_python("vllm==0.29.0").parent.parent.glob("lib/python*/site-packages")))])):
+        proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--json"] + args, capture_output=True,
+                              text=True, env=dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
+                                                  PYTHONPATH=str(REPO)), timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        verdicts[label] = {r["id"]: r["verdict"] for r in json.loads(proc.stdout)}[PACK_ID]
+    assert verdicts == {"0.28.0 --python": "patch", "0.29.0 --python": "fixed-upstream",
+                        "0.29.0 --path": "fixed-upstream"}, verdicts
+
+
+def test_sweep_judges_a_pack_over_releases():
+    """`scripts/sweep_releases.py --pack MODULE`, as the README tells a pack author to run it."""
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
+               PYTHONPATH=os.pathsep.join([str(REPO), str(EXAMPLE / "src")]))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_releases.py"), "--pack", "flashfix_pack_example",
+                           "--only", "vllm==0.22.1,vllm==0.23.0,vllm==0.28.0,vllm==0.29.0", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    verdicts = [line.split()[1:4] for line in proc.stdout.splitlines()]
+    assert verdicts == [["0.22.1", PACK_ID, "unknown-shape"], ["0.23.0", PACK_ID, "patch"], ["0.28.0", PACK_ID, "patch"],
+                        ["0.29.0", PACK_ID, "fixed-upstream"]], proc.stdout
+
+
+def test_readme_shows_the_example_files():
+    """README's "Writing a backport" shows the example pack's files verbatim: the pack that
+    test_readme_example_pack_fixes_vllm_0_28_and_is_fixed_upstream_in_0_29 installs and runs."""
+    readme = (REPO / "README.md").read_text()
+    assert "## Writing a backport" in readme
+    section = readme.split("## Writing a backport", 1)[1].split("\n## ", 1)[0]
+    for path in (EXAMPLE / "pyproject.toml", EXAMPLE / "src" / "flashfix_pack_example" / "__init__.py"):
+        assert path.read_text() in section, "README's 'Writing a backport' does not show %s as it is" % path

@@ -1,0 +1,178 @@
+"""flashfix.semantic: the pattern matcher, and a declaration's probe, edit and derived shape on
+real SGLang source (the 0.5.17 and 0.5.18 engine environments' installed files, read as text)."""
+
+import ast
+import copy
+import glob
+
+import pytest
+
+import this_checkout
+
+this_checkout.flashfix()
+from flashfix import _registry, _source, semantic, sglang_patch  # noqa: E402
+from flashfix.semantic import build, find, match, pattern  # noqa: E402
+
+
+def bindings(pat, code):
+    b, node = {}, ast.parse(code).body[0]
+    ok = match(pattern(pat), node.value if isinstance(node, ast.Expr) else node, b)
+    return ok, {k: semantic._text(v) for k, v in b.items()}
+
+
+def test_metavariable_binds_one_expression_or_attribute_name():
+    assert bindings("f($A, b)", "f(x.y[0] + 1, b)") == (True, {"A": "x.y[0] + 1"})
+    assert bindings("$O.forward($X)", "self.w.forward(q)") == (True, {"O": "self.w", "X": "q"})
+    assert bindings("layer.$K", "layer.k_scale_float") == (True, {"K": "k_scale_float"})
+    assert bindings("f($A, b)", "f(a, c)")[0] is False
+    assert bindings("f($A)", "f(a, b)")[0] is False  # no list metavariable: the count must agree
+    assert bindings("f($A)", "f(*a)")[0] is False  # a splat is not an expression
+    assert bindings("f($_, $_)", "f(a, b)") == (True, {})
+
+
+def test_repeated_metavariable_must_be_structurally_equal():
+    assert bindings("$X + $X", "a.b[1] + a.b[1]")[0] is True
+    assert bindings("$X + $X", "a.b[1] + a.b[2]")[0] is False
+    assert bindings("$X = $X", "a = a")[0] is True  # ctx (Store vs Load) is ignored
+
+
+def test_list_metavariable_matches_zero_or_more_items():
+    assert bindings("f($$$A, last)", "f(last)") == (True, {"A": ""})
+    assert bindings("f($$$A, last)", "f(1, 2, last)") == (True, {"A": "1, 2"})
+    assert bindings("f($$$A, last)", "f(1, 2)")[0] is False
+    assert bindings("$$$A and g()", "x and y(1) and g()") == (True, {"A": "x, y(1)"})
+    assert bindings("f($$$A, $$$A)", "f(1, 2, 1, 2)") == (True, {"A": "1, 2"})
+    assert bindings("f($$$A, $$$A)", "f(1, 2, 3)")[0] is False
+    stmt = pattern("if $C:\n    $$$BODY\n    return $R")
+    node = ast.parse("if ok:\n    a()\n    b()\n    return 3").body[0]
+    b = {}
+    assert match(stmt, node, b) and semantic._text(b["BODY"]) == "a(), b()" and semantic._text(b["R"]) == "3"
+
+
+def test_keywords_match_by_name_in_any_order():
+    assert bindings("f(a=$A, b=$B)", "f(b=2, a=1)") == (True, {"A": "1", "B": "2"})
+    assert bindings("f(a=$A)", "f(a=1, b=2)")[0] is False  # unnamed keywords need **$$$
+    ok, b = bindings("f(a=$A, **$$$KW)", "f(c=3, a=1, b=2)")
+    assert ok and b == {"A": "1", "KW": "c=3, b=2"}
+    assert bindings("f(**$$$KW)", "f(**extra)")[0] is False  # what **kwargs holds cannot be told
+    assert bindings("f(a=$A)", "f(b=1)")[0] is False
+
+
+def test_build_substitutes_copies_of_the_bindings():
+    node = ast.parse("f(q, kv, causal=True, sm_scale=s)").body[0].value
+    b = {}
+    assert match(pattern("f($Q, $KV, **$$$KW)"), node, b)
+    b.update(K=ast.parse("layer.k").body[0].value, V=ast.parse("layer.v").body[0].value)
+    new = build(pattern("f($Q, $KV, **$$$KW, k_scale=$K, v_scale=$V)"), b)
+    assert ast.unparse(new) == "f(q, kv, causal=True, sm_scale=s, k_scale=layer.k, v_scale=layer.v)"
+    assert new.args[0] is not node.args[0]
+
+
+SOURCE = '''
+class Backend:
+    def extend(self, layer, q, kv):
+        out = paged.forward(q, kv, causal=True, k_scale=layer.ks, v_scale=layer.vs)
+        o2, s2 = paged.forward_return_lse(q, kv, causal=False)
+        return out, o2
+
+    def other(self):
+        return 1
+'''
+
+RULE = dict(module="m", function="Backend.extend", before="paged.forward_return_lse($Q, $KV, **$$$KW)",
+            after="paged.forward_return_lse($Q, $KV, **$$$KW, k_scale=$K, v_scale=$V)",
+            where="paged.forward($$$_, k_scale=$K, v_scale=$V, **$$$_)")
+
+
+def shape(text, **changes):
+    rule = semantic.Rule(**dict(RULE, **changes))
+    tree = ast.parse(text)
+    return rule, rule.site(_source.find_def(tree, rule.function), tree)
+
+
+def test_where_binds_what_after_uses():
+    rule, ((node, b), s) = shape(SOURCE)
+    assert s.kind == _registry.BUGGY and "line 5" in s.reason
+    assert semantic._text(b["K"]) == "layer.ks" and semantic._text(b["V"]) == "layer.vs"
+    func = _source.find_def(ast.parse(SOURCE), "Backend.extend")
+    rule.edit(func, _source.marker("t:x"))
+    assert "paged.forward_return_lse(q, kv, causal=False, k_scale=layer.ks, v_scale=layer.vs)" in ast.unparse(func)
+
+
+def test_probe_verdicts_and_reasons():
+    fixed = SOURCE.replace("causal=False)", "causal=False, v_scale=layer.vs, k_scale=layer.ks)")
+    assert shape(fixed)[1][1].kind == _registry.FIXED
+    half = SOURCE.replace("causal=False)", "causal=False, k_scale=layer.ks)")
+    s = shape(half)[1][1]
+    assert s.kind == _registry.UNKNOWN and "already passes k_scale" in s.reason, s
+    no_where = SOURCE.replace("k_scale=layer.ks, v_scale=layer.vs", "")
+    s = shape(no_where)[1][1]
+    assert s.kind == _registry.UNKNOWN and "has 0 `paged.forward($$$_, k_scale=$K" in s.reason, s
+    splat = SOURCE.replace("causal=False)", "**kw)")
+    s = shape(splat)[1][1]
+    assert s.kind == _registry.UNKNOWN and "the call paged.forward_return_lse at line 5" in s.reason, s
+    s = shape(SOURCE, function="Backend.gone")[1][1]
+    assert s.kind == _registry.ABSENT and "has no function Backend.gone" in s.reason
+    twice = SOURCE.replace("        return out, o2", "        paged.forward_return_lse(q, kv)\n        return out, o2")
+    s = shape(twice)[1][1]
+    assert s.kind == _registry.UNKNOWN and "found 2 (lines 5, 6)" in s.reason, s
+    s = shape(SOURCE, absent_unless_mentioned="never_here", before="g($X)", after="h($X)")[1][1]
+    assert s.kind == _registry.ABSENT and "Backend has no never_here in this release" in s.reason, s
+
+
+def test_declaration_without_delete_when_is_refused():
+    with pytest.raises(ValueError, match="Delete when"):
+        semantic.Backport(id="x", engine="e", versions=">=1", upstream="u", fixed_in="2", summary="s",
+                          doc="Why: nothing", **{k: v for k, v in RULE.items()})
+
+
+# --- real SGLang source ----------------------------------------------------------------------------
+
+
+def installed(release, module):
+    found = glob.glob("/root/.cache/flashfix-engines/sglang-%s/lib/python*/site-packages/%s.py"
+                      % (release, module.replace(".", "/")))
+    if not found:
+        pytest.skip("no sglang %s environment here (tests/engine_env.py builds it)" % release)
+    with open(found[0]) as handle:
+        return handle.read()
+
+
+def probe(patch, text):
+    try:
+        return patch.probe({patch.targets[0]: _source.parse_text(text, "<test>")})
+    finally:
+        _source.forget()
+
+
+def function_dump(patch, text):
+    func = _source.find_def(ast.parse(text), patch.rule.function)
+    return ast.dump(_source._strip_markers(copy.deepcopy(func)))
+
+
+@pytest.mark.parametrize("patch", [sglang_patch.FP8_KV_SCALES, sglang_patch.VISION_CONFIG], ids=lambda p: p.id)
+def test_derived_prefix_round_trip_on_real_source(patch):
+    fixed = installed("0.5.18", patch.targets[0])
+    assert probe(patch, fixed).kind == _registry.FIXED
+    prefix = semantic.derive_prefix(patch, fixed)
+    assert probe(patch, prefix).kind == _registry.BUGGY, probe(patch, prefix)
+    changed = [i for i, (a, b) in enumerate(zip(fixed.splitlines(), prefix.splitlines())) if a != b]
+    assert changed and len(changed) <= 3 or len(fixed.splitlines()) != len(prefix.splitlines())
+    # before -> after on the derived shape, through the runtime's own edit and render: the release again
+    func = _source.find_def(ast.parse(prefix), patch.rule.function)
+    edited = copy.deepcopy(func)
+    patch.rule.edit(edited, _source.marker("test:site"))
+    rendered = _source.render_edit(prefix, func, edited)
+    lines = prefix.splitlines(keepends=True)
+    again = "".join(lines[:rendered.start - 1]) + rendered.text(rendered.PLAIN) + "".join(
+        lines[rendered.start - 1 + len(rendered.before.splitlines()):])
+    assert probe(patch, again).kind == _registry.FIXED
+    assert function_dump(patch, again) == function_dump(patch, fixed)
+
+
+@pytest.mark.parametrize("patch", [sglang_patch.FP8_KV_SCALES, sglang_patch.VISION_CONFIG], ids=lambda p: p.id)
+def test_release_before_the_fix_is_the_pre_fix_shape(patch):
+    text = installed("0.5.17", patch.targets[0])
+    assert probe(patch, text).kind == _registry.BUGGY
+    with pytest.raises(ValueError, match="expected one"):
+        semantic.derive_prefix(patch, text)  # no fixed form to turn back
