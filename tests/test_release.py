@@ -160,6 +160,32 @@ def test_linter_rejects_a_broken_workflow(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
+def actionlint(*paths):
+    """actionlint (the PyPI build of its binary, in the test extra), no shellcheck needed."""
+    binary = shutil.which("actionlint", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert binary, "actionlint is not installed: run the README's test command (it installs the test extra)"
+    return subprocess.run([binary, "-no-color", "-shellcheck=", "-pyflakes="] + [str(p) for p in paths],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_workflows_pass_actionlint():
+    proc = actionlint(*WORKFLOWS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_rejects_what_the_schema_lets_through(tmp_path):
+    """actionlint reads what a schema cannot: an expression naming an unknown context, an
+    action on a deprecated runtime."""
+    broken = tmp_path / "broken.yml"
+    text = (REPO / ".github" / "workflows" / "ci.yml").read_text()
+    broken.write_text(text.replace("run: bash scripts/test.sh -q", "run: bash scripts/test.sh -q ${{ matrix.nope }}")
+                      .replace("actions/checkout@v5", "actions/checkout@v3"))
+    assert lint(broken).returncode == 0  # the schema check alone lets it through
+    proc = actionlint(broken)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "matrix" in proc.stdout and "checkout@v3" in proc.stdout, proc.stdout
+
+
 def test_ci_runs_the_readme_test_command_and_drift_runs_the_checked_sweep():
     readme = (REPO / "README.md").read_text()
     assert "```sh\nbash scripts/test.sh\n```" in readme
@@ -169,7 +195,7 @@ def test_ci_runs_the_readme_test_command_and_drift_runs_the_checked_sweep():
     drift = (REPO / ".github" / "workflows" / "drift.yml").read_text()
     assert re.search(r"^on:\n  schedule:\n    - cron: \"[^\"]+\"\n  workflow_dispatch:\n", drift, re.M)
     assert "python scripts/sweep_releases.py --quiet --check benchmarks/results/sweep.json" in drift
-    assert "uses: actions/upload-artifact@v4" in drift and "if: always()" in drift
+    assert "uses: actions/upload-artifact@v6" in drift and "if: always()" in drift
 
 
 # --- the drift watch's comparison ---------------------------------------------------------------
