@@ -1,19 +1,48 @@
 # flashfix's start-up hook, run by flashfix.pth (flashfix.start on Python 3.15+) in every
-# interpreter. It imports nothing. Its finder hands vllm, sglang and flashinfer a loader that
-# imports flashfix when the engine's code starts to run: not in find_spec, where Python holds
-# its global import lock, so no other thread's import can deadlock against it. flashfix then
-# puts its own finder in this one's place.
+# interpreter. It imports nothing. Its finder hands the modules of vllm, sglang and flashinfer
+# a loader that imports flashfix when the module's code starts to run: not in find_spec, where
+# Python holds its global import lock, so no other thread's import can deadlock against it.
+# flashfix then puts its own finder in this one's place.
+# A finder put ahead of this one later (a .pth sorting after flashfix.pth, sitecustomize, an
+# editable redirector) is overtaken: whenever the import system asks this finder anything, it
+# moves back to the front; any engine module, not only the top package, activates flashfix;
+# and an engine imported past it activates flashfix at the next module imported after it.
+# Under FLASHFIX_STRICT=1 an engine module whose import cannot load flashfix fails, naming why.
 import sys
+
+ENGINES = ("vllm", "sglang", "flashinfer")
+
+
+def _strict():
+    import os  # already imported by site
+
+    return os.environ.get("FLASHFIX_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class _Boot:
     flashfix_finder = flashfix_boot = True
     retired = False
+    caught_up = False  # the one catch-up for an engine imported past this finder was done
 
     def find_spec(self, name, path=None, target=None):
-        if path is not None or self.retired or name not in ("vllm", "sglang", "flashinfer"):
+        if self.retired:
             return None
-        for finder in sys.meta_path:
+        meta = sys.meta_path
+        if meta[0] is not self:  # a finder put ahead of us since: take the front back (see flashfix._to_front)
+            for i, finder in enumerate(meta):
+                if finder is self:
+                    del meta[i]
+                    meta.insert(0, self)
+                    break
+        if name.partition(".")[0] not in ENGINES:
+            # An engine already imported past us (a finder that was ahead answered it): flashfix
+            # comes in with this module, once.
+            if self.caught_up or "flashfix" in sys.modules or name.partition(".")[0] == "flashfix":
+                return None
+            if not any(_imported(e) for e in ENGINES):
+                return None
+            self.caught_up = True
+        for finder in meta:
             find = None if getattr(finder, "flashfix_finder", False) else getattr(finder, "find_spec", None)
             spec = find and find(name, path, target)
             if spec:
@@ -22,12 +51,46 @@ class _Boot:
                 return spec
 
 
+def _imported(name):
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def _real(loader):
+    return loader.__dict__["loader"] if type(loader) is _Start else loader
+
+
 class _Start:
+    # Looks like the real loader to everything but type(): __class__, isinstance, equality,
+    # hash, repr; a copy or pickle of it is a copy of the real loader.
     def __init__(self, loader, name):
         self.loader, self.name = loader, name
 
     def __getattr__(self, attr):
-        return getattr(self.loader, attr)
+        try:
+            loader = self.__dict__["loader"]
+        except KeyError:
+            raise AttributeError(attr) from None
+        return getattr(loader, attr)
+
+    @property
+    def __class__(self):
+        return type(self.__dict__.get("loader", self))
+
+    def __reduce_ex__(self, protocol):
+        return self.loader.__reduce_ex__(protocol)
+
+    def __eq__(self, other):
+        return self.loader == _real(other)
+
+    def __hash__(self):
+        return hash(self.loader)
+
+    def __repr__(self):
+        return repr(self.loader)
+
+    def __dir__(self):
+        return dir(self.loader)
 
     def create_module(self, spec):
         create = getattr(self.loader, "create_module", None)
@@ -40,7 +103,15 @@ class _Start:
             import flashfix  # activates; flashfix's loader then runs this module's callbacks
 
             loader = flashfix._Loader(loader, self.name)
-        except Exception as exc:  # never break the engine's import
+        except Exception as exc:
+            if _strict():  # an engine left unpatched must not import under strict mode
+                if self.name.partition(".")[0] in ENGINES:
+                    raise ImportError("flashfix strict mode (FLASHFIX_STRICT=1): %s cannot be patched, importing "
+                                      "flashfix failed: %r" % (self.name, exc), name=self.name) from exc
+            else:  # never break the engine's import; say it once
+                for finder in sys.meta_path:
+                    if getattr(finder, "flashfix_boot", False):
+                        finder.retired = True
             sys.stderr.write("flashfix: auto-activation skipped: %r\n" % (exc,))
         loader.exec_module(module)
 
