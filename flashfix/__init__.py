@@ -210,7 +210,7 @@ def flush():
 
 
 def _real(loader):
-    return loader.__dict__["_loader"] if type(loader) is _Loader else loader
+    return loader._loader if type(loader) is _Loader else loader
 
 
 def _to_front(finder):
@@ -230,22 +230,34 @@ def _to_front(finder):
 
 class _Loader:
     """Delegates to the real loader, then runs the module's post-import callbacks. Looks like
-    the real loader to everything but ``type()``: ``__class__``, ``isinstance``, equality, hash,
-    repr, and a copy or pickle of it is a copy of the real loader."""
+    the real loader to everything but ``type()``: ``__class__`` and ``isinstance``, ``__dict__``
+    and so equality, hash, repr, attributes set on it; a copy or pickle of it is a copy of the
+    real loader."""
+
+    __slots__ = ("_loader", "_name")
 
     def __init__(self, loader, name):
-        self._loader, self._name = loader, name
+        object.__setattr__(self, "_loader", loader)
+        object.__setattr__(self, "_name", name)
 
     def __getattr__(self, attr):
-        try:
-            loader = self.__dict__["_loader"]
-        except KeyError:
-            raise AttributeError(attr) from None
-        return getattr(loader, attr)
+        if attr in _Loader.__slots__:  # not set (an object made without __init__)
+            raise AttributeError(attr)
+        return getattr(self._loader, attr)
+
+    def __setattr__(self, attr, value):
+        setattr(self._loader, attr, value)
+
+    def __delattr__(self, attr):
+        delattr(self._loader, attr)
 
     @property
     def __class__(self):
-        return type(self.__dict__.get("_loader", self))
+        return type(self._loader)
+
+    @property
+    def __dict__(self):
+        return self._loader.__dict__
 
     def __reduce_ex__(self, protocol):
         return self._loader.__reduce_ex__(protocol)

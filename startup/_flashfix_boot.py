@@ -57,57 +57,69 @@ def _imported(name):
 
 
 def _real(loader):
-    return loader.__dict__["loader"] if type(loader) is _Start else loader
+    return loader._loader if type(loader) is _Start else loader
 
 
 class _Start:
-    # Looks like the real loader to everything but type(): __class__, isinstance, equality,
-    # hash, repr; a copy or pickle of it is a copy of the real loader.
+    # Looks like the real loader to everything but type(): __class__ and isinstance, __dict__
+    # and so equality, hash, repr, attributes set on it; a copy or pickle of it is a copy of
+    # the real loader.
+    __slots__ = ("_loader", "_name")
+
     def __init__(self, loader, name):
-        self.loader, self.name = loader, name
+        object.__setattr__(self, "_loader", loader)
+        object.__setattr__(self, "_name", name)
 
     def __getattr__(self, attr):
-        try:
-            loader = self.__dict__["loader"]
-        except KeyError:
-            raise AttributeError(attr) from None
-        return getattr(loader, attr)
+        if attr in _Start.__slots__:  # not set (an object made without __init__)
+            raise AttributeError(attr)
+        return getattr(self._loader, attr)
+
+    def __setattr__(self, attr, value):
+        setattr(self._loader, attr, value)
+
+    def __delattr__(self, attr):
+        delattr(self._loader, attr)
 
     @property
     def __class__(self):
-        return type(self.__dict__.get("loader", self))
+        return type(self._loader)
+
+    @property
+    def __dict__(self):
+        return self._loader.__dict__
 
     def __reduce_ex__(self, protocol):
-        return self.loader.__reduce_ex__(protocol)
+        return self._loader.__reduce_ex__(protocol)
 
     def __eq__(self, other):
-        return self.loader == _real(other)
+        return self._loader == _real(other)
 
     def __hash__(self):
-        return hash(self.loader)
+        return hash(self._loader)
 
     def __repr__(self):
-        return repr(self.loader)
+        return repr(self._loader)
 
     def __dir__(self):
-        return dir(self.loader)
+        return dir(self._loader)
 
     def create_module(self, spec):
-        create = getattr(self.loader, "create_module", None)
+        create = getattr(self._loader, "create_module", None)
         return create and create(spec)
 
     def exec_module(self, module):
-        loader = self.loader
+        loader = self._loader
         module.__loader__ = module.__spec__.loader = loader  # as if we had never been here
         try:
             import flashfix  # activates; flashfix's loader then runs this module's callbacks
 
-            loader = flashfix._Loader(loader, self.name)
+            loader = flashfix._Loader(loader, self._name)
         except Exception as exc:
             if _strict():  # an engine left unpatched must not import under strict mode
-                if self.name.partition(".")[0] in ENGINES:
+                if self._name.partition(".")[0] in ENGINES:
                     raise ImportError("flashfix strict mode (FLASHFIX_STRICT=1): %s cannot be patched, importing "
-                                      "flashfix failed: %r" % (self.name, exc), name=self.name) from exc
+                                      "flashfix failed: %r" % (self._name, exc), name=self._name) from exc
             else:  # never break the engine's import; say it once
                 for finder in sys.meta_path:
                     if getattr(finder, "flashfix_boot", False):
