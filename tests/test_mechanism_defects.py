@@ -324,7 +324,7 @@ target = attempt(NAME, 2)
 unrelated = attempt("ff_unrelated")
 import flashfix
 states = {r["id"]: [r["state"], r["reason"]] for r in flashfix.status()}
-watched = [n for n in flashfix.watched() if n not in sys.modules and n.startswith("sglang.")]
+watched = [n for n in flashfix.watched() if n not in sys.modules and n.startswith("sglang.") and n != NAME]
 print("FLASHFIX_RESULT=" + json.dumps({"target": target, "unrelated": unrelated, "states": states,
                                        "surface": spec_surface(watched[0]) if watched else None}))
 '''
