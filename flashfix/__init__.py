@@ -12,12 +12,22 @@ once its own target modules are imported. Everything else (``status``, ``revert`
 loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
-``sys.meta_path``; for a watched module it asks the finders behind it for the real spec and
-wraps the loader so that, once the module's code has run, the module's callbacks run. A
-module already imported gets its callbacks at once; one still being imported gets them when
-its import finishes (``flush``); a reload runs them again. A callback that raises is
-contained (reported through ``on_error``) unless it raises ``HookAbort``, which is how strict
-mode makes an import fail loudly; under strict mode any failure of a callback does.
+``sys.meta_path`` (and moves back there whenever it is asked, if a finder was put ahead of it
+since); for a watched module it asks the other finders for the real spec and wraps the loader
+so that, once the module's code has run, the module's callbacks run. The wrapper looks like the
+real loader to everything but ``type()`` (``isinstance``, equality, ``__dict__``; a copy or
+pickle of it is the real loader) and puts the real loader back on the module and its spec.
+A module already imported gets its callbacks at once; a reload runs them again.
+
+A module still being imported when a callback is registered (flashfix activated from inside
+its import, by a plugin loader, or in another thread) gets them when its import ends, in the
+thread that imports it: the import system's last step sets ``spec._initializing = False``, and
+that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
+calls back (see ``_watch``). That runs under the module's own import lock only, never under the
+global import lock, and an exception raised there is raised by that import. Nothing is ever
+decided, probed or imported from a finder. A callback that raises is contained (reported
+through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
+fail loudly; under strict mode any failure of a callback does.
 """
 
 import _thread  # not threading: threading pulls functools and collections into every start

@@ -16,8 +16,11 @@ are imported:
    the ones already made are undone: ``applied`` or ``failed``, never half.
 
 Strict mode (FLASHFIX_STRICT=1) turns ``failed``, and ``unknown-shape`` on a version inside
-``versions``, into a ``PatchError`` raised from the target module's import, at every import
-of it (the hooks stay registered, so a retry is judged again and fails again).
+``versions`` (and any malformed ``FLASHFIX_*`` value), into a ``PatchError`` raised from the
+target module's own import, also when flashfix was activated inside that import, and never
+from another module's import. The targets are then taken out of sys.modules, as Python does
+for a failed import, so every later import of them runs them again, is judged again and fails
+again; that also covers a target whose import was over before flashfix was activated.
 
 Threads: the registry's lock guards bookkeeping only; it is never held while a probe, a
 ``prepare()`` or an apply runs (they may import), so an import in another thread never waits

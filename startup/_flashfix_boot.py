@@ -25,9 +25,20 @@ class _Boot:
     caught_up = False  # the one catch-up for an engine imported past this finder was done
 
     def find_spec(self, name, path=None, target=None):
-        if self.retired:
-            return None
         meta = sys.meta_path
+        if self.retired:
+            # flashfix took our place, yet here we are again: a saved copy of sys.meta_path was
+            # put back. Give flashfix's finder its place back, and answer for it this time.
+            flashfix = sys.modules.get("flashfix")
+            finder = getattr(flashfix, "_Finder", None)
+            if finder is None or any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False)
+                                     for f in meta):
+                return None
+            finder = finder()
+            for i, other in enumerate(meta):
+                if other is self:
+                    meta[i] = finder
+            return finder.find_spec(name, path, target)
         if meta[0] is not self:  # a finder put ahead of us since: take the front back (see flashfix._to_front)
             for i, finder in enumerate(meta):
                 if finder is self:

@@ -342,3 +342,18 @@ def test_real_sglang_strict_failure_lands_on_the_target():
     surface = r["surface"]  # a watched engine module not imported yet: its loader is the real one to all eyes
     assert surface is not None and surface["class"] == "SourceFileLoader" and surface["isinstance"]
     assert surface["deepcopy_spec"] == surface["pickle_spec"] == surface["copy"] == "SourceFileLoader"
+
+
+def test_saved_meta_path_put_back_after_activation(fake_site):
+    """A harness that saves sys.meta_path at start-up and puts the copy back later brings back
+    the retired start-up finder and drops flashfix's: the start-up finder hands over again."""
+    site = fake_site()
+    (r,), _ = run_py(OWN_BOOT + textwrap.dedent('''
+        saved = sys.meta_path[:]
+        use_fake()  # activation: flashfix's finder takes the start-up finder's place
+        sys.meta_path[:] = saved
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(1),
+               finders=[type(f).__name__ for f in sys.meta_path if getattr(f, "flashfix_finder", False)])
+    '''), site)
+    assert r == {"state": "applied", "value": 3, "finders": ["_Finder"]}
