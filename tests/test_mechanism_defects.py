@@ -111,16 +111,25 @@ def test_strict_failure_lands_on_the_target_imported_in_another_thread(fake_site
 
 
 def test_activation_inside_the_target_import_applies_and_leaves_no_trace(fake_site):
+    probe = ACTIVATE_INSIDE + textwrap.dedent('''
+        import copy, importlib.machinery, pickle, sys
+        spec = sys.modules["fakeeng.core"].__spec__  # still being imported: flashfix watches its end
+        during = [spec.__class__.__name__, isinstance(spec, importlib.machinery.ModuleSpec),
+                  type(copy.deepcopy(spec)) is importlib.machinery.ModuleSpec,
+                  type(pickle.loads(pickle.dumps(spec))) is importlib.machinery.ModuleSpec]
+    ''')
     site = fake_site(engine_source="import ff_activate\n" + __import__("conftest").FAKE_ENGINE,
-                     extra={"ff_activate.py": ACTIVATE_INSIDE})
+                     extra={"ff_activate.py": probe})
     (r,), _ = run_py('''
         import importlib.machinery
         import fakeeng.core as core
+        import ff_activate
         report(value=core.Engine().compute(1), state=state()["state"],
                spec_type=type(core.__spec__) is importlib.machinery.ModuleSpec,
-               loader_type=type(core.__loader__).__name__)
+               loader_type=type(core.__loader__).__name__, during=ff_activate.during)
     ''', site)
-    assert r == {"value": 3, "state": "applied", "spec_type": True, "loader_type": "SourceFileLoader"}
+    assert r == {"value": 3, "state": "applied", "spec_type": True, "loader_type": "SourceFileLoader",
+                 "during": ["ModuleSpec", True, True, True]}
 
 
 # --- 11. no decision inside a finder -----------------------------------------------------------
