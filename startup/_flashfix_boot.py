@@ -45,20 +45,25 @@ class _Boot:
                     del meta[i]
                     meta.insert(0, self)
                     break
-        if name.partition(".")[0] not in ENGINES:
+        top = name.partition(".")[0]
+        if top not in ENGINES:
             # An engine already imported past us (a finder that was ahead answered it): flashfix
-            # comes in with this module, once.
-            if self.caught_up or "flashfix" in sys.modules or name.partition(".")[0] == "flashfix":
+            # comes in with the next module that is imported, once.
+            modules = sys.modules
+            if "vllm" not in modules and "sglang" not in modules and "flashinfer" not in modules:
+                return None  # the common case, kept cheap: this runs for every import before activation
+            if self.caught_up or top == "flashfix" or "flashfix" in modules:
                 return None
             if not any(_imported(e) for e in ENGINES):
                 return None
-            self.caught_up = True
         for finder in meta:
             find = None if getattr(finder, "flashfix_finder", False) else getattr(finder, "find_spec", None)
             spec = find and find(name, path, target)
             if spec:
                 if hasattr(spec.loader, "exec_module"):
                     spec.loader = _Start(spec.loader, name)
+                    if top not in ENGINES:
+                        self.caught_up = True
                 return spec
 
 
