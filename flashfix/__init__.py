@@ -30,6 +30,7 @@ through ``on_error``) unless it raises ``HookAbort``, which is how strict mode m
 fail loudly; under strict mode any failure of a callback does.
 """
 
+import _imp
 import _thread  # not threading: threading pulls functools and collections into every start
 import sys
 
@@ -352,26 +353,34 @@ class _Finder:
 def _install():
     """Put the finder on sys.meta_path, once per process: in the start-up finder's slot if there
     is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing),
-    else at the front."""
-    with _lock:
-        boots = [i for i, finder in enumerate(sys.meta_path) if getattr(finder, "flashfix_boot", False)]
-        for i in boots:
-            sys.meta_path[i].retired = True  # the start-up finder's only job was to get here
-        if any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False) for f in sys.meta_path):
+    else at the front. Under Python's global import lock, which every change flashfix's finders
+    make to sys.meta_path is made under (they move themselves to the front from find_spec), and
+    which is held here for nothing but these list operations."""
+    _imp.acquire_lock()
+    try:
+        meta = sys.meta_path
+        boots = [finder for finder in meta if getattr(finder, "flashfix_boot", False)]
+        for boot in boots:
+            boot.retired = True  # the start-up finder's only job was to get here
+        if any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False) for f in meta):
             return
         if boots:
-            sys.meta_path[boots[0]] = _Finder()
+            meta[[i for i, f in enumerate(meta) if f is boots[0]][0]] = _Finder()
         else:
-            sys.meta_path.insert(0, _Finder())
+            meta.insert(0, _Finder())
+    finally:
+        _imp.release_lock()
 
 
 def when_imported(name, callback):
     """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, when
     its import ends if it is being imported right now (in this thread or another), and again
     after a reload or re-import. Never from a finder."""
+    with _lock:  # the finder looks at a name from now on, so no import of it slips between the two
+        _callbacks.setdefault(name, [])
     _install()
     with _lock:
-        _callbacks.setdefault(name, []).append(callback)
+        _callbacks[name].append(callback)
         module = sys.modules.get(name)
         if module is None:
             return  # the finder calls back once the module's code has run

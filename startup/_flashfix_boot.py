@@ -27,17 +27,23 @@ class _Boot:
     def find_spec(self, name, path=None, target=None):
         meta = sys.meta_path
         if self.retired:
-            # flashfix took our place, yet here we are again: a saved copy of sys.meta_path was
-            # put back. Give flashfix's finder its place back, and answer for it this time.
-            flashfix = sys.modules.get("flashfix")
-            finder = getattr(flashfix, "_Finder", None)
-            if finder is None or any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False)
-                                     for f in meta):
-                return None
-            finder = finder()
-            for i, other in enumerate(meta):
-                if other is self:
-                    meta[i] = finder
+            # flashfix took our place, yet we are asked: by a walk over sys.meta_path that read
+            # us just before the swap (Python holds its import lock around each finder's call,
+            # not around the walk), or because a saved copy of sys.meta_path was put back (then
+            # flashfix's finder gets its place back). Either way, answer as flashfix's finder.
+            finder = None
+            for other in meta:
+                if getattr(other, "flashfix_finder", False) and not getattr(other, "flashfix_boot", False):
+                    finder = other
+                    break
+            if finder is None:
+                finder = getattr(sys.modules.get("flashfix"), "_Finder", None)
+                if finder is None:
+                    return None
+                finder = finder()
+                for i, other in enumerate(meta):
+                    if other is self:
+                        meta[i] = finder
             return finder.find_spec(name, path, target)
         if meta[0] is not self:  # a finder put ahead of us since: take the front back (see flashfix._to_front)
             for i, finder in enumerate(meta):
