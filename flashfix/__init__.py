@@ -13,14 +13,25 @@ its own target modules are imported. Everything else (``status``, ``revert``, ``
 loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
-``sys.meta_path``; for a watched module it asks the finders behind it for the real spec and
-wraps the loader so that, once the module's code has run, the module's callbacks run. A
-module already imported gets its callbacks at once; one still being imported gets them when
-its import finishes (``flush``); a reload runs them again. A callback that raises is
-contained (reported through ``on_error``) unless it raises ``HookAbort``, which is how strict
-mode makes an import fail loudly; under strict mode any failure of a callback does.
+``sys.meta_path`` (and moves back there whenever it is asked, if a finder was put ahead of it
+since); for a watched module it asks the other finders for the real spec and wraps the loader
+so that, once the module's code has run, the module's callbacks run. The wrapper looks like the
+real loader to everything but ``type()`` (``isinstance``, equality, ``__dict__``; a copy or
+pickle of it is the real loader) and puts the real loader back on the module and its spec.
+A module already imported gets its callbacks at once; a reload runs them again.
+
+A module still being imported when a callback is registered (flashfix activated from inside
+its import, by a plugin loader, or in another thread) gets them when its import ends, in the
+thread that imports it: the import system's last step sets ``spec._initializing = False``, and
+that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
+calls back (see ``_watch``). That runs under the module's own import lock only, never under the
+global import lock, and an exception raised there is raised by that import. Nothing is ever
+decided, probed or imported from a finder. A callback that raises is contained (reported
+through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
+fail loudly; under strict mode any failure of a callback does.
 """
 
+import _imp
 import _thread  # not threading: threading pulls functools and collections into every start
 import sys
 
@@ -50,7 +61,8 @@ _API = {
 _lock = _thread.RLock()  # held only for bookkeeping, never across an import or a callback
 _callbacks = {}  # module name -> callables taking the module; kept, so a reload or re-import runs them again
 _generation = {}  # module name -> how many times its code has run under our loader (a reload counts)
-_deferred = {}  # module name -> callbacks (or _ALL) waiting for that module's import to finish
+_pending = {}  # module name -> [spec, module or None, callbacks or _ALL]: an import in progress whose end we watch
+_deferred = {}  # module name -> callbacks (or _ALL): an import whose end cannot be watched (legacy loader)
 _resolving = set()  # (thread id, module name) whose spec we are asking the other finders for
 _ALL = None
 
@@ -84,11 +96,15 @@ def _call(name, callback, module):
         on_error(name, exc)
 
 
-def _run(name, module):
-    """Run every callback of ``name``: its code has just run (import, re-import or reload)."""
-    with _lock:
-        _deferred.pop(name, None)
-        callbacks = list(_callbacks.get(name, ()))
+def _take(name):
+    """Under ``_lock``: every callback of ``name``, which is about to run them all; a watch on
+    the end of its import becomes redundant."""
+    _deferred.pop(name, None)
+    _unwatch(name)
+    return list(_callbacks.get(name, ()))
+
+
+def _run(name, module, callbacks):
     for callback in callbacks:
         _call(name, callback, module)
 
@@ -104,31 +120,174 @@ def _complete(name):
     return name in _executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
+# Watching the end of an import already in progress. The import system marks a module being
+# imported with ``spec._initializing = True`` and, in ``_load_unlocked``, sets it back to False
+# in a ``finally`` once the module's code has run and it sits in sys.modules: the last step of
+# the import, taken under that module's own lock and never under the global import lock. To
+# hear that step, the spec object alone is given, for the rest of its import, a subclass of its
+# own class (same name, no new state) whose ``__setattr__`` calls back; its class is put back at
+# once. An exception raised there is raised by that import (it is in a ``finally`` of the import
+# itself), so strict mode fails the target's own import; flashfix first takes the module out of
+# sys.modules, as Python does for any import that fails, so the next import of it runs again.
+
+_spec_classes = {}
+
+
+def _spec_class(base):
+    cls = _spec_classes.get(base)
+    if cls is None:
+        def __setattr__(self, attr, value):
+            base.__setattr__(self, attr, value)
+            if attr == "_initializing" and not value:
+                _import_finished(self)
+
+        def __reduce_ex__(self, protocol):  # a copy or pickle is a plain spec
+            import copyreg
+
+            return copyreg._reconstructor, (base, object, None), dict(self.__dict__)
+
+        cls = type(base.__name__, (base,), {"__slots__": (), "__setattr__": __setattr__, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__, "__reduce_ex__": __reduce_ex__})
+        _spec_classes[base] = cls
+    return cls
+
+
+def _watch(name, spec, module, callbacks):
+    """Under ``_lock``: run ``callbacks`` when the import of ``name`` in progress ends. False when
+    that cannot be watched (no such import now, or a spec whose class cannot be changed)."""
+    entry = _pending.get(name)
+    if entry is not None and entry[0] is spec:
+        if entry[2] is not _ALL:
+            entry[2] = _ALL if callbacks is _ALL else entry[2] + list(callbacks)
+        return True
+    if spec is None or not getattr(spec, "_initializing", True):
+        return False
+    base = type(spec)
+    try:
+        spec.__class__ = _spec_class(base)
+    except Exception:  # a spec of a built-in type, or one that refuses: the caller falls back
+        return False
+    if module is not None and not getattr(spec, "_initializing", False):  # ended meanwhile (another thread)
+        spec.__class__ = base
+        return False
+    _pending[name] = [spec, module, _ALL if callbacks is _ALL else list(callbacks)]
+    return True
+
+
+def _unwatch(name):
+    entry = _pending.pop(name, None)
+    if entry is not None:
+        try:
+            entry[0].__class__ = type(entry[0]).__mro__[1]
+        except Exception:  # pragma: no cover - it was assignable a moment ago
+            pass
+    return entry
+
+
+def _import_finished(spec):
+    with _lock:
+        name = next((n for n, entry in _pending.items() if entry[0] is spec), None)
+        if name is None:
+            return
+        _, module, callbacks = _unwatch(name)
+        current = sys.modules.get(name)
+        if current is None:
+            return  # the import failed: the callbacks stay registered for the next one
+        if callbacks is _ALL:
+            callbacks = list(_callbacks.get(name, ()))
+    try:
+        _run(name, current, callbacks)
+    except HookAbort:
+        if sys.modules.get(name) is current:
+            del sys.modules[name]  # as for any failed import: the next import runs it, and is judged, again
+        raise
+
+
 def flush():
-    """Run the callbacks that waited for a module's import to finish (see ``when_imported``)."""
+    """Run the callbacks that wait for an import whose end could not be watched (a legacy
+    loader). Called by ``status()``; never from a finder. A strict failure here is reported and
+    takes the module out of sys.modules, so that its next import fails."""
     if not _deferred:
         return
     with _lock:
         ready = [(name, _deferred.pop(name)) for name in list(_deferred) if _complete(name)]
         for name in [n for n, c in _deferred.items() if c is not _ALL and n not in sys.modules]:
             del _deferred[name]  # its import failed; its callbacks stay registered for the next one
+        ready = [(name, list(_callbacks.get(name, ())) if c is _ALL else c) for name, c in ready]
     for name, callbacks in ready:
         module = sys.modules.get(name)
-        if callbacks is _ALL:
-            _run(name, module)
-        else:
-            for callback in callbacks:
-                _call(name, callback, module)
+        try:
+            _run(name, module, callbacks)
+        except HookAbort as exc:
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+            on_error(name, exc)
+
+
+def _real(loader):
+    return loader._loader if type(loader) is _Loader else loader
+
+
+def _to_front(finder):
+    """Put ``finder`` back at the front of sys.meta_path. Called from its ``find_spec`` while
+    the import system walks that list: removing it from index i and inserting it at 0 leaves
+    every later index as it was, so the walk goes on with the same next finder."""
+    meta = sys.meta_path
+    try:
+        for i, other in enumerate(meta):
+            if other is finder:
+                del meta[i]
+                meta.insert(0, finder)
+                return
+    except Exception:  # a sys.meta_path that is not a list: leave it as it is
+        pass
 
 
 class _Loader:
-    """Delegates to the real loader, then runs the module's post-import callbacks."""
+    """Delegates to the real loader, then runs the module's post-import callbacks. Looks like
+    the real loader to everything but ``type()``: ``__class__`` and ``isinstance``, ``__dict__``
+    and so equality, hash, repr, attributes set on it; a copy or pickle of it is a copy of the
+    real loader."""
+
+    __slots__ = ("_loader", "_name")
 
     def __init__(self, loader, name):
-        self._loader, self._name = loader, name
+        object.__setattr__(self, "_loader", loader)
+        object.__setattr__(self, "_name", name)
 
     def __getattr__(self, attr):
+        if attr in _Loader.__slots__:  # not set (an object made without __init__)
+            raise AttributeError(attr)
         return getattr(self._loader, attr)
+
+    def __setattr__(self, attr, value):
+        setattr(self._loader, attr, value)
+
+    def __delattr__(self, attr):
+        delattr(self._loader, attr)
+
+    @property
+    def __class__(self):
+        return type(self._loader)
+
+    @property
+    def __dict__(self):
+        return self._loader.__dict__
+
+    def __reduce_ex__(self, protocol):
+        return self._loader.__reduce_ex__(protocol)
+
+    def __eq__(self, other):
+        return self._loader == _real(other)
+
+    def __hash__(self):
+        return hash(self._loader)
+
+    def __repr__(self):
+        return repr(self._loader)
+
+    def __dir__(self):
+        return dir(self._loader)
 
     def create_module(self, spec):
         create = getattr(self._loader, "create_module", None)
@@ -147,20 +306,22 @@ class _Loader:
         with _lock:
             _generation[self._name] = _generation.get(self._name, 0) + 1
             _executed.add(self._name)
+            callbacks = _take(self._name)
         try:
-            _run(self._name, sys.modules.get(self._name, module))
+            _run(self._name, sys.modules.get(self._name, module), callbacks)
         finally:
             _executed.discard(self._name)
 
 
 class _Finder:
-    """The one meta-path finder; only watched names are looked at."""
+    """The one meta-path finder; only watched names are looked at. It never decides, probes or
+    imports anything: Python calls it under its global import lock."""
 
     flashfix_finder = True  # lets activate() recognise an instance from another copy of this module
 
     def find_spec(self, fullname, path=None, target=None):
-        if _deferred:
-            flush()
+        if sys.meta_path[0] is not self:  # a finder put ahead of us since: take the front back
+            _to_front(self)
         if fullname not in _callbacks:
             return None
         key = (_thread.get_ident(), fullname)
@@ -180,10 +341,11 @@ class _Finder:
         finally:
             _resolving.discard(key)
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            # no loader to wrap (a namespace package, a legacy loader): the callbacks run once
-            # the import has finished, at the next import or status()
+            # no loader to wrap (a namespace package, a legacy loader): the callbacks run when
+            # the import ends (watched through the spec), or else at status()
             with _lock:
-                _deferred[fullname] = _ALL
+                if target is not None or not _watch(fullname, spec, None, _ALL):
+                    _deferred[fullname] = _ALL
             return spec
         spec.loader = _Loader(spec.loader, fullname)
         return spec
@@ -195,33 +357,46 @@ class _Finder:
 def _install():
     """Put the finder on sys.meta_path, once per process: in the start-up finder's slot if there
     is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing),
-    else at the front."""
-    with _lock:
-        boots = [i for i, finder in enumerate(sys.meta_path) if getattr(finder, "flashfix_boot", False)]
-        for i in boots:
-            sys.meta_path[i].retired = True  # the start-up finder's only job was to get here
-        if any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False) for f in sys.meta_path):
+    else at the front. Under Python's global import lock, which every change flashfix's finders
+    make to sys.meta_path is made under (they move themselves to the front from find_spec), and
+    which is held here for nothing but these list operations."""
+    _imp.acquire_lock()
+    try:
+        meta = sys.meta_path
+        boots = [finder for finder in meta if getattr(finder, "flashfix_boot", False)]
+        for boot in boots:
+            boot.retired = True  # the start-up finder's only job was to get here
+        if any(getattr(f, "flashfix_finder", False) and not getattr(f, "flashfix_boot", False) for f in meta):
             return
         if boots:
-            sys.meta_path[boots[0]] = _Finder()
+            meta[[i for i, f in enumerate(meta) if f is boots[0]][0]] = _Finder()
         else:
-            sys.meta_path.insert(0, _Finder())
+            meta.insert(0, _Finder())
+    finally:
+        _imp.release_lock()
 
 
 def when_imported(name, callback):
-    """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, once
-    its import finishes if it is being imported right now, and again after a reload."""
+    """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, when
+    its import ends if it is being imported right now (in this thread or another), and again
+    after a reload or re-import. Never from a finder."""
+    with _lock:  # the finder looks at a name from now on, so no import of it slips between the two
+        _callbacks.setdefault(name, [])
     _install()
     with _lock:
-        _callbacks.setdefault(name, []).append(callback)
-        if name not in sys.modules:
+        _callbacks[name].append(callback)
+        module = sys.modules.get(name)
+        if module is None:
             return  # the finder calls back once the module's code has run
-        if not _complete(name):  # mid-import (we were activated from inside it): after it
-            waiting = _deferred.get(name, [])
-            if waiting is not _ALL:
-                _deferred[name] = waiting + [callback]
-            return
-    _call(name, callback, sys.modules[name])
+        if not _complete(name):  # mid-import (we were activated from inside it): when it ends
+            if _watch(name, getattr(module, "__spec__", None), module, [callback]):
+                return
+            if not _complete(name):  # cannot watch it: at status()
+                waiting = _deferred.get(name, [])
+                if waiting is not _ALL:
+                    _deferred[name] = waiting + [callback]
+                return
+    _call(name, callback, module)
 
 
 def watched():
@@ -273,7 +448,15 @@ def __dir__():
     return sorted(list(globals()) + list(_API))
 
 
+_activation_error = None  # a strict-mode failure met while activating (raised again by the plugin entry point)
 try:
     activate()
-except Exception as _exc:  # never break the interpreter's start or the caller's import
+except HookAbort as _exc:
+    # Strict mode, for an affected module that was imported before flashfix: that import is
+    # over, so the module was taken out of sys.modules and every later import of it fails.
+    _activation_error = _exc
+    on_error("a module imported before flashfix", _exc)
+except Exception as _exc:  # never break the interpreter's start or the caller's import, unless strict
+    if _strict():
+        raise
     sys.stderr.write("flashfix: activation failed, no patch will apply: %r\n" % (_exc,))

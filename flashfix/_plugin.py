@@ -18,6 +18,8 @@ def register():
     from flashfix import _registry
 
     flashfix.activate()
+    if flashfix._activation_error is not None:  # strict mode: an affected module imported before flashfix
+        raise flashfix._activation_error
     if not _announced:
         _announced.append(True)
         _registry.setup_logging()

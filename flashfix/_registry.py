@@ -17,8 +17,11 @@ are imported:
    the ones already made are undone: ``applied`` or ``failed``, never half.
 
 Strict mode (FLASHFIX_STRICT=1) turns ``failed``, and ``unknown-shape`` on a version inside
-``versions``, into a ``PatchError`` raised from the target module's import, at every import
-of it (the hooks stay registered, so a retry is judged again and fails again).
+``versions`` (and any malformed ``FLASHFIX_*`` value), into a ``PatchError`` raised from the
+target module's own import, also when flashfix was activated inside that import, and never
+from another module's import. The targets are then taken out of sys.modules, as Python does
+for a failed import, so every later import of them runs them again, is judged again and fails
+again; that also covers a target whose import was over before flashfix was activated.
 
 Threads: the registry's lock guards bookkeeping only; it is never held while a probe, a
 ``prepare()`` or an apply runs (they may import), so an import in another thread never waits
@@ -362,29 +365,51 @@ def load_engine(top):
     _setup_logging(cfg)
     declared = [p for entry in _entries(top) for p in _declare(entry)]
     bad = list(cfg.problems) + problems(top)
-    if bad and cfg.strict:  # at every import of the engine, not only the first
-        raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
     with _lock:
-        if top in _hooked:
-            return
+        first = top not in _hooked
         _hooked.add(top)
+    if first:
+        _hook_targets(declared, cfg)
+    if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
+        raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
+
+
+def _hook_targets(declared, cfg):
+    """Hook every patch in ``declared`` to its targets; a strict failure of one (a target
+    already imported) is raised once all are hooked, so that none is left unwatched."""
+    failures = []
     for patch in declared:
-        record = _records[patch.id]
-        record["engine_version"] = engine_version(patch.engine)
-        if cfg.is_disabled(patch.id):
-            _set(patch, "disabled", "disabled by FLASHFIX_DISABLE")
-            continue
         try:
-            targets = targets_of(patch)
-        except Exception as exc:
-            _set(patch, "unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
-            log.warning("%s: left untouched: %s", patch.id, record["reason"])
-            _strict(patch, record["reason"], in_range(patch, record["engine_version"]))
-            continue
-        record["targets"] = targets
-        record["reason"] = "waiting for %s" % ", ".join(targets)
-        for target in targets:
+            _hook_patch(patch, cfg)
+        except flashfix.HookAbort as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+
+
+def _hook_patch(patch, cfg):
+    record = _records[patch.id]
+    record["engine_version"] = engine_version(patch.engine)
+    if cfg.is_disabled(patch.id):
+        _set(patch, "disabled", "disabled by FLASHFIX_DISABLE")
+        return
+    try:
+        targets = targets_of(patch)
+    except Exception as exc:
+        _set(patch, "unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
+        log.warning("%s: left untouched: %s", patch.id, record["reason"])
+        _strict(patch, record["reason"], in_range(patch, record["engine_version"]))
+        return
+    record["targets"] = targets
+    record["reason"] = "waiting for %s" % ", ".join(targets)
+    failures = []
+    for target in targets:
+        try:
             flashfix.when_imported(target, _arrival(patch))
+        except flashfix.HookAbort as exc:  # a target already imported: hook the others first
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def _arrival(patch):
@@ -483,6 +508,9 @@ def _activate(patch):
 
 
 def _decide(patch, record):
+    cfg = config()
+    if cfg.strict and cfg.problems:
+        _strict(patch, "; ".join(cfg.problems), True)
     targets = record["targets"]
     modules = {name: sys.modules[name] for name in targets}
     version = record["engine_version"]
@@ -534,6 +562,13 @@ def _fail(patch, reason):
 
 def _strict(patch, reason, affected):
     if affected and config().strict:
+        # The targets' code has run: take them out of sys.modules, as Python does for a failed
+        # import, so that every later import of them runs them again and fails again (the one
+        # whose import is in progress fails now, with this error).
+        for name in _records[patch.id]["targets"]:
+            module = sys.modules.get(name)
+            if module is not None and flashfix._complete(name):
+                del sys.modules[name]
         raise PatchError("flashfix strict mode: %s could not be applied to %s %s: %s" % (
             patch.id, patch.engine, _records[patch.id]["engine_version"], reason))
 
