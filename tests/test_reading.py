@@ -289,3 +289,39 @@ def test_runtime_patches_what_python_binds_and_finds_the_autotune_module(tmp_pat
     assert r["states"][VISION][0] == "applied", r["states"][VISION]
     assert r["states"][AUTOTUNE][0] == "applied", r["states"][AUTOTUNE]
     assert r["init_line"] == 248 + fixed_init(original(MODEL_CONFIG)).count("\n") + 1, r  # the last one
+
+
+def after_text(installed, diff_output, path):
+    """The file ``flashfix diff`` says flashfix runs: ``installed`` with the printed hunks applied
+    (lines split at newlines only: a form feed inside a line stays in it)."""
+    out = diff_output.split("\n")
+    i = out.index("+++ %s (as flashfix runs it)" % path) + 1
+    old, new, position = installed.split("\n"), [], 0
+    while i < len(out) and out[i][:1] in ("@", " ", "+", "-") and not out[i].startswith("--- "):
+        match = vet_helpers.HUNK.match(out[i])
+        if match:
+            start = int(match.group(1)) - 1
+            new.extend(old[position:start])
+            position = start
+        elif out[i][0] in (" ", "-"):
+            assert old[position] == out[i][1:], (position + 1, old[position], out[i])
+            position += 1
+            if out[i][0] == " ":
+                new.append(out[i][1:])
+        else:
+            new.append(out[i][1:])
+        i += 1
+    return "\n".join(new + old[position:])
+
+
+def test_diff_with_form_feeds_writes_the_method_inside_its_class(tmp_path):
+    """A form feed before ``def`` (Python resets the column there): the rewritten method was
+    printed at column 0, which ends the class. Before: ``ModelConfig.__init__`` not found in
+    the file that ``flashfix diff`` printed."""
+    tree = sglang_tree(tmp_path, {MODEL_CONFIG: form_feeds})
+    proc = vet_helpers.cli("diff", "--path", tree, VISION)
+    assert proc.returncode == 0, proc.stderr
+    path = tree / MODEL_CONFIG
+    after = after_text(path.read_text(encoding="utf-8"), proc.stdout, path)
+    init = _source.find_def(ast.parse(after), "ModelConfig.__init__")
+    assert init is not None and "getattr(self.hf_config, 'vision_config', None) is not None" in ast.unparse(init)
