@@ -21,6 +21,7 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 
 import ast
 import copy
+import re
 
 from flashfix import _locate
 
@@ -41,9 +42,22 @@ SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but ha
 _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
 
 
+# A line that may start a top-level statement: at column 0, not blank, a comment, a closing
+# bracket or a clause that continues a statement above (else, elif, except, finally).
+_CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
+CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
+
+
 class Module(ast.Module):
-    """``ast.Module`` of ``text`` (Python's own parser, the whole text), parsed when first read:
-    ``find_def`` of a name the text never spells answers None without parsing."""
+    """``ast.Module`` of ``text``, read by Python's own parser, run by run (``runs()``).
+
+    A run of top-level statements is parsed alone, starting where the run before it ended.
+    That is sound: the run before parsed completely, so its end is not inside a string,
+    brackets or a backslash continuation, and the next line, at column 0 and no ``else``-like
+    clause, starts a new statement, exactly as in the whole file (where a run does not parse,
+    it is extended to the next cut, and finally to the end). So a probe keeps only the
+    statements it needs (memory grows with a run, not the file), and ``find_def`` stops once
+    the rest of the text never spells the name looked up. ``body`` is every run."""
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
@@ -52,7 +66,7 @@ class Module(ast.Module):
     @property
     def body(self):
         if self._body is None:
-            self._body = ast.parse(self.flashfix_text, filename=self.flashfix_origin or "<unknown>").body
+            self._body = [statement for _, run in self.runs() for statement in run]
         return self._body
 
     @body.setter
@@ -61,6 +75,34 @@ class Module(ast.Module):
 
     def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
         return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
+
+    def runs(self):
+        """``(end, statements)`` for each run of top-level statements, in order; ``end`` is
+        the offset in the text where the run ends. SyntaxError if the text does not parse."""
+        if self._body is not None:
+            yield len(self.flashfix_text), self._body
+            return
+        text, origin = self.flashfix_text, self.flashfix_origin or "<unknown>"
+        cuts, line, at = [], 1, 0
+        for match in _CUT.finditer(text):
+            line += text.count("\n", at, match.start())
+            at = match.start()
+            cuts.append((at, line))
+        start, line, k = 0, 1, 0
+        while start < len(text):
+            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES:
+                k += 1
+            for attempt in range(4):
+                end, next_line = cuts[k] if k < len(cuts) and attempt < 3 else (len(text), None)
+                try:
+                    run = ast.parse("\n" * (line - 1) + text[start:end], filename=origin).body
+                    break
+                except (SyntaxError, ValueError):
+                    if end == len(text):
+                        raise
+                    k += 1
+            yield end, run
+            start, line = end, next_line
 
 
 def parse_text(text, origin):
@@ -105,15 +147,27 @@ def find_def(tree, qualname):
     what is bound cannot be read from the source: the last statement that binds the name is
     not a plain definition (a definition inside ``if``/``try``/``with``/a loop, an assignment,
     an import, ``del``...)."""
-    text = getattr(tree, "flashfix_text", None)
-    node = tree
-    for part in qualname.split("."):
-        if text is not None and part not in text:  # no definition can bind a name never spelled
+    parts = qualname.split(".")
+    if isinstance(tree, Module):
+        text = tree.flashfix_text
+        if any(part not in text for part in parts):  # no definition can bind a name never spelled
             return None
+        statements = []
+        for end, run in tree.runs():  # the statements that bind the name, up to its last spelling
+            statements.extend(s for s in run if _binds(s, parts[0]))
+            if text.find(parts[0], end) < 0:
+                break
+        tree = ast.Module(body=statements, type_ignores=[])
+    node = tree
+    for part in parts:
         node = _bound_def(node, part, qualname)
         if node is None:
             return None
     return node
+
+
+def _binds(statement, name):
+    return isinstance(statement, _DEFS) and statement.name == name or bool(_bindings(statement, name))
 
 
 def _bound_def(scope, name, qualname):
@@ -277,17 +331,22 @@ def _def_node(func, tree=None):
     code = func.__code__
     if tree is None:
         tree = parse_text(*function_source(func))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                return node
+    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    for _, run in runs:  # only the statements that hold the function's first line are walked
+        for statement in run:
+            if statement.lineno <= code.co_firstlineno <= statement.end_lineno:
+                for node in ast.walk(statement):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+                        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                        if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                            return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
 def _top_level_imports(tree):
     """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    names, stack = set(), list(tree.body)
+    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -325,3 +325,53 @@ def test_diff_with_form_feeds_writes_the_method_inside_its_class(tmp_path):
     after = after_text(path.read_text(encoding="utf-8"), proc.stdout, path)
     init = _source.find_def(ast.parse(after), "ModelConfig.__init__")
     assert init is not None and "getattr(self.hf_config, 'vision_config', None) is not None" in ast.unparse(init)
+
+
+# --- reading run by run equals one parse of the whole file ---------------------------------------
+
+EDGES = '''"""Docstring
+class NotAClass:
+"""
+if X:
+    a = 1
+else:
+    a = 2
+try:
+    import b
+except ImportError:
+    b = None
+finally:
+    pass
+@decorator
+def f(x=(1,
+2)):
+    return """
+def g():
+""" + \\
+"text"
+TEMPLATE = f"""{'}'}
+class AlsoNotAClass:
+"""
+class C:
+    def m(self):
+        return 1
+'''
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 7, 200])
+def test_runs_equal_one_parse(monkeypatch, chunk_lines):
+    """Every cut tried (one line per run), real files and constructs that continue a statement
+    at column 0: the runs are exactly the whole file's statements, line and column included."""
+    monkeypatch.setattr(_source, "CHUNK_LINES", chunk_lines)
+    for text in (EDGES, original(MODEL_CONFIG), original(BACKEND)):
+        whole = ast.dump(ast.parse(text), include_attributes=True)
+        module = _source.Module(text, "<test>")
+        assert ast.dump(ast.Module(body=module.body, type_ignores=[]), include_attributes=True) == whole
+    tree = _source.Module(EDGES, "<test>")
+    assert _source.find_def(tree, "NotAClass") is None and _source.find_def(tree, "AlsoNotAClass") is None
+    assert _source.find_def(tree, "C.m").lineno == 25
+
+
+def test_a_file_that_does_not_parse_raises():
+    with pytest.raises(SyntaxError):
+        _source.find_def(_source.Module("def f(:\n    pass\nclass C:\n    pass\n", "<test>"), "C")
