@@ -345,6 +345,15 @@ def _def_node(func, tree=None):
 
 def _top_level_imports(tree):
     """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
+    names = getattr(tree, "flashfix_imports", None)
+    if names is None:
+        names = _imports_of(tree)
+        if isinstance(tree, Module):  # rewrite() compiles three times: read the module once
+            tree.flashfix_imports = names
+    return names
+
+
+def _imports_of(tree):
     runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
     names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
     while stack:
