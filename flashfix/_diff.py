@@ -160,9 +160,9 @@ def definition(module, name, depth=0):
     ``from x import name`` re-exports; None if it cannot be told from source."""
     try:
         found, tree = _module(module)
-    except ShapeError:
+        node = _source.find_def(tree, name)
+    except ShapeError:  # no source, or bound in a way the source cannot tell
         return None
-    node = _source.find_def(tree, name)
     if node is not None:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
         return Location(module, name, found.origin, first, node.end_lineno, "")

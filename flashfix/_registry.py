@@ -453,6 +453,8 @@ def judge(patch, trees, version):
         return "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
     try:
         shape = patch.probe(trees)
+    except ShapeError as exc:  # e.g. a target bound in a way the source cannot tell (_source.find_def)
+        shape = Shape(UNKNOWN, str(exc))
     except Exception as exc:  # a probe that trips over unexpected code is an unknown shape
         shape = Shape(UNKNOWN, "shape probe failed: %r" % (exc,))
     if shape.kind == FIXED:

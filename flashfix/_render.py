@@ -283,9 +283,14 @@ class Rendered:
         return _parse_function(self._texts[version], self._maps[version])
 
 
+def _indent(line):
+    """The indentation of ``line`` as Python reads it: a form feed in it resets the column."""
+    return re.match(r"[ \t\f]*", line).group(0).rpartition("\f")[2]
+
+
 def _parse_function(text, line_map):
     first = _lines(text)[0] if text else ""
-    indented = first[:1] in (" ", "\t")
+    indented = bool(_indent(first))
     source = ("if 1:\n" + text) if indented else text
     tree = ast.parse(source)
     holder = tree.body[0].body if indented else tree.body
@@ -352,7 +357,7 @@ def render(text, original, edited, origin=None):
         lines[-1] += "\n"
     start, end = _first_line(original), original.end_lineno
     before = "".join(lines[start - 1:end])
-    indent = re.match(r"[ \t]*", lines[start - 1]).group(0)
+    indent = _indent(lines[start - 1])
     texts, maps, whole = {}, {}, []
     for version in (MARKED, PLAIN):
         expected = edited if version == MARKED else _strip_markers(copy.deepcopy(edited))

@@ -1,10 +1,12 @@
 """Reading engine source without importing it, and recompiling one function with an edit.
 
 Shape probes read a module's source through the current reader (``_locate``: by default
-the import system's own finders, which import nothing) and ``ast``. The same reading serves
-``flashfix doctor`` (engine not imported) and the runtime gate (engine imported), so both
-decide from the same facts. Parsed trees live only while patches are being decided
-(``forget()``), so no engine process keeps them.
+the import system's own finders, which import nothing) and ``ast``: a module is parsed whole,
+by Python's own parser, so what a probe reads as code is what Python runs (never the inside of
+a string or comment). The same reading serves ``flashfix doctor`` (engine not imported) and the
+runtime gate (engine imported), so both decide from the same facts. A definition is the one
+Python binds (``find_def``: the last one of its scope). Parsed trees live only while patches
+are being decided (``forget()``), so no engine process keeps them.
 
 ``rewrite()`` is how a patch changes a line inside an engine function: the function's own
 source is parsed, recompiled unedited and compared with the loaded code object tree (if
@@ -19,8 +21,9 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 
 import ast
 import copy
+import re
 
-from flashfix import _locate, _partial
+from flashfix import _locate
 
 
 class ShapeError(Exception):
@@ -39,13 +42,75 @@ SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but ha
 _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
 
 
+# A line that may start a top-level statement: at column 0, not blank, a comment, a closing
+# bracket or a clause that continues a statement above (else, elif, except, finally).
+_CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
+CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
+
+
+class Module(ast.Module):
+    """``ast.Module`` of ``text``, read by Python's own parser, run by run (``runs()``).
+
+    A run of top-level statements is parsed alone, starting where the run before it ended.
+    That is sound: the run before parsed completely, so its end is not inside a string,
+    brackets or a backslash continuation, and the next line, at column 0 and no ``else``-like
+    clause, starts a new statement, exactly as in the whole file (where a run does not parse,
+    it is extended to the next cut, and finally to the end). So a probe keeps only the
+    statements it needs (memory grows with a run, not the file), and ``find_def`` stops once
+    the rest of the text never spells the name looked up. ``body`` is every run."""
+
+    def __init__(self, text, origin=None):
+        super().__init__(type_ignores=[])
+        self.flashfix_text, self.flashfix_origin, self._body = text, origin, None
+
+    @property
+    def body(self):
+        if self._body is None:
+            self._body = [statement for _, run in self.runs() for statement in run]
+        return self._body
+
+    @body.setter
+    def body(self, value):
+        self._body = value
+
+    def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
+        return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
+
+    def runs(self):
+        """``(end, statements)`` for each run of top-level statements, in order; ``end`` is
+        the offset in the text where the run ends. SyntaxError if the text does not parse."""
+        if self._body is not None:
+            yield len(self.flashfix_text), self._body
+            return
+        text, origin = self.flashfix_text, self.flashfix_origin or "<unknown>"
+        cuts, line, at = [], 1, 0
+        for match in _CUT.finditer(text):
+            line += text.count("\n", at, match.start())
+            at = match.start()
+            cuts.append((at, line))
+        start, line, k = 0, 1, 0
+        while start < len(text):
+            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES:
+                k += 1
+            for attempt in range(4):
+                end, next_line = cuts[k] if k < len(cuts) and attempt < 3 else (len(text), None)
+                try:
+                    run = ast.parse("\n" * (line - 1) + text[start:end], filename=origin).body
+                    break
+                except (SyntaxError, ValueError):
+                    if end == len(text):
+                        raise
+                    k += 1
+            yield end, run
+            start, line = end, next_line
+
+
 def parse_text(text, origin):
-    """The module tree of ``text``: an ``ast.Module`` that parses on demand (``_partial``):
-    ``find_def`` parses only the definition it looks up, any other use parses the whole text."""
+    """The module tree of ``text`` (a ``Module``: parsed when first read)."""
     key = (origin, text)
     tree = _parsed.get(key)
     if tree is None:
-        tree = _parsed[key] = _partial.Module(text, origin)
+        tree = _parsed[key] = Module(text, origin)
     return tree
 
 
@@ -70,19 +135,86 @@ def module_ast(modname, modules=None):
     return parse_text(found.text, found.origin)
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_SCOPES = _DEFS + (ast.Lambda,)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
 def find_def(tree, qualname):
-    """The ``FunctionDef``/``ClassDef`` at ``qualname`` (``"Class.method"``) in ``tree``, or None."""
-    if isinstance(tree, _partial.Module):
-        return tree.find(qualname)
-    node = tree
-    for part in qualname.split("."):
-        for child in getattr(node, "body", ()):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
-                node = child
+    """The ``FunctionDef``/``ClassDef`` that Python binds to ``qualname`` (``"Class.method"``)
+    in ``tree``, or None if nothing there binds that name. Where a name is defined more than
+    once in one scope, Python binds the last definition, and so does this. ShapeError where
+    what is bound cannot be read from the source: the last statement that binds the name is
+    not a plain definition (a definition inside ``if``/``try``/``with``/a loop, an assignment,
+    an import, ``del``...)."""
+    parts = qualname.split(".")
+    if isinstance(tree, Module):
+        text = tree.flashfix_text
+        if any(part not in text for part in parts):  # no definition can bind a name never spelled
+            return None
+        statements = []
+        for end, run in tree.runs():  # the statements that bind the name, up to its last spelling
+            statements.extend(s for s in run if _binds(s, parts[0]))
+            if text.find(parts[0], end) < 0:
                 break
-        else:
+        tree = ast.Module(body=statements, type_ignores=[])
+    node = tree
+    for part in parts:
+        node = _bound_def(node, part, qualname)
+        if node is None:
             return None
     return node
+
+
+def _binds(statement, name):
+    return isinstance(statement, _DEFS) and statement.name == name or bool(_bindings(statement, name))
+
+
+def _bound_def(scope, name, qualname):
+    bindings = []
+    for statement in getattr(scope, "body", ()):
+        if isinstance(statement, _DEFS) and statement.name == name:
+            bindings.append((statement, True))
+        else:
+            bindings.extend((node, False) for node in _bindings(statement, name))
+    if not any(isinstance(node, _DEFS) for node, _ in bindings):
+        return None  # imported or assigned here, not defined: no definition to read
+    last, plain = bindings[-1]
+    if plain:
+        return last
+    raise ShapeError("%s is bound at lines %s and the last of them is not a plain definition of its scope (it is "
+                     "inside if/try/with/a loop, or an assignment, import or del), so which definition Python "
+                     "binds cannot be read from the source"
+                     % (qualname, ", ".join(str(getattr(node, "lineno", "?")) for node, _ in bindings)))
+
+
+def _bindings(statement, name):
+    """The nodes of ``statement`` that bind ``name`` in the scope that holds it (not inside a
+    nested function, class, lambda or comprehension, whose names are their own)."""
+    found, stack = [], [statement]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SCOPES):
+            if getattr(node, "name", None) == name:
+                found.append(node)
+            continue
+        if isinstance(node, ast.AnnAssign) and node.value is None:  # ``x: T`` alone binds nothing
+            continue
+        if isinstance(node, _COMPREHENSIONS):  # only := binds outside a comprehension
+            found.extend(n for n in ast.walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
+            continue
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            found.append(node)
+        elif isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
+            found.append(node)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name:
+            found.append(node)
+        elif isinstance(node, ast.MatchMapping) and node.rest == name:
+            found.append(node)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
 def method_calls(node, attr):
@@ -195,20 +327,31 @@ def _def_node(func, tree=None):
     code = func.__code__
     if tree is None:
         tree = parse_text(*function_source(func))
-    block = tree.around(code.co_firstlineno) if isinstance(tree, _partial.Module) else None  # parsed alone
-    for scope in (block, tree) if block is not None else (tree,):
-        for node in ast.walk(scope):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                    return node
+    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    for _, run in runs:  # only the statements that hold the function's first line are walked
+        for statement in run:
+            if statement.lineno <= code.co_firstlineno <= statement.end_lineno:
+                for node in ast.walk(statement):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+                        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                        if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                            return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
 def _top_level_imports(tree):
     """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    statements = tree.module_statements() if isinstance(tree, _partial.Module) else tree.body  # no def bodies
-    names, stack = set(), list(statements)
+    names = getattr(tree, "flashfix_imports", None)
+    if names is None:
+        names = _imports_of(tree)
+        if isinstance(tree, Module):  # rewrite() compiles three times: read the module once
+            tree.flashfix_imports = names
+    return names
+
+
+def _imports_of(tree):
+    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -188,12 +188,20 @@ def _autotune_locate(tree_of):
 
 
 def _autotune_targets():
-    """The module that defines the decision in the installed layout (from its text, no parse),
-    or model_runner where none or several do (the probe then says why)."""
+    """The module that defines the decision in the installed layout (from its definitions, not
+    its text: a comment or string that spells the name defines nothing), or model_runner where
+    none or several do (the probe then says why). Runs when ``sglang`` is imported: a module
+    whose text never spells the name is not parsed, and nothing parsed here is kept."""
     defining = []
     for modname, qualname in AUTOTUNE_SITES:
         found = _locate.find(modname)
-        if found is not None and found.text is not None and "def %s(" % qualname.rsplit(".", 1)[-1] in found.text:
+        if found is None or found.text is None:
+            continue
+        try:
+            node = _source.find_def(_source.Module(found.text, found.origin), qualname)
+        except (ShapeError, SyntaxError, ValueError):  # defined, but not readably: the probe says why
+            node = True
+        if node is not None:
             defining.append(modname)
     return (defining[0],) if len(set(defining)) == 1 else (MODEL_RUNNER,)
 
