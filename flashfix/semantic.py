@@ -40,7 +40,6 @@ the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import
 
 import ast
 import copy
-import re
 
 from flashfix import _registry, _source
 from flashfix._registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
@@ -51,8 +50,7 @@ ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 
 def pattern(text):
     """The AST of a pattern snippet: an expression, or a statement."""
-    src = re.sub(r"\$\$\$(\w+)", MANY + r"\1", text.strip())
-    (node,) = ast.parse(re.sub(r"\$(\w+)", ONE + r"\1", src)).body
+    (node,) = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
     return node.value if isinstance(node, ast.Expr) else node
 
 
@@ -183,7 +181,7 @@ def _text(value):
 
 
 def _show(node):
-    return re.sub(r"__ffx_n_(\w+)", r"$$$\1", re.sub(r"__ffx_1_(\w+)", r"$\1", ast.unparse(node)))
+    return ast.unparse(node).replace(MANY, "$$$").replace(ONE, "$")
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
@@ -289,9 +287,17 @@ class Rule:
         if isinstance(p, ast.Call):
             wanted = [k.arg for k in p.keywords if k.arg]
             has = [k for k in wanted if k in {x.arg for x in node.keywords}]
-            how = "has keyword %s but not %s" % (", ".join(has) or "none", ", ".join(k for k in wanted if k not in has))
+            fixed = [a for a in p.args if _meta(a, MANY) is None]
+            if any(map(_splat, node.args + node.keywords)):
+                how = "passes *args/**kwargs"
+            elif len(has) < len(wanted):
+                how = "has keyword %s but not %s" % (", ".join(has) or "none", ", ".join(k for k in wanted if k not in has))
+            elif len(fixed) == len(p.args) and len(node.args) != len(fixed):
+                how = "takes %d positional arguments, the pattern %d" % (len(node.args), len(fixed))
+            else:
+                how = "differs"
             return Shape(UNKNOWN, "the call %s at line %d %s (pattern `%s`)" % (
-                ast.unparse(node.func), node.lineno, how if len(has) < len(wanted) else "differs", _show(p)))
+                ast.unparse(node.func), node.lineno, how, _show(p)))
         return Shape(UNKNOWN, "`%s` at line %d%s differs from `%s`" % (_text(node)[:80], node.lineno, where, _show(p)))
 
     def probe(self, trees):
@@ -312,8 +318,8 @@ class Rule:
 def Backport(*, id, engine, module, function, before, after, versions, upstream, fixed_in, summary, doc,  # noqa: N802
              where=None, inside=None, absent_unless_mentioned=None, fixed=None, buggy=None):
     """A declarative backport (see the module docstring), as a registry ``Patch``."""
-    found = re.search(r"Delete when:\s*(.+?)(?:\n\s*\n|\Z)", doc, re.S)
-    if found is None:
+    delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
+    if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     rule = Rule(module, function, before, after, where, inside, absent_unless_mentioned, fixed, buggy)
 
@@ -321,7 +327,7 @@ def Backport(*, id, engine, module, function, before, after, versions, upstream,
         return [_registry.rewrite(function_at(modules[module], function), rule.edit, id)]
 
     return Patch(id=id, engine=engine, targets=(module,), versions=versions, upstream=upstream, fixed_in=fixed_in,
-                 delete_when=" ".join(found.group(1).split()).rstrip("."), summary=summary, probe=rule.probe, prepare=prepare,
+                 delete_when=delete_when, summary=summary, probe=rule.probe, prepare=prepare,
                  plan=lambda planner: planner.rewrite(module, function, rule.edit), doc=doc, rule=rule)
 
 

@@ -138,8 +138,9 @@ def test_strict_fails_a_candidate_with_an_unknown_shape(tmp_path):
     assert loose.returncode == 0 and "unknown-shape" in loose.stdout
     diff = v.cli("diff", "sglang-fp8-kv-scales", "--path", tmp_path / "tree")
     assert diff.returncode == 0
-    assert diff.stdout.splitlines()[1].startswith(
-        "sglang-fp8-kv-scales (sglang 0.5.17): not applied: unknown-shape: the paged forward_return_lse call passes")
+    assert diff.stdout.splitlines()[1].startswith(  # the declaration's nearest candidate, and how it differs
+        "sglang-fp8-kv-scales (sglang 0.5.17): not applied: unknown-shape: the call "
+        "prefill_wrapper_paged.forward_return_lse at line 1375 passes *args/**kwargs"), diff.stdout
 
 
 # --- flashfix diff -------------------------------------------------------------------------------
