@@ -45,7 +45,8 @@ def wall(args, env, runs):
 
 
 def breakdown(wheels):
-    from flashfix import _doctor, _locate
+    from flashfix.tools import doctor as _doctor
+    from flashfix.core import locate as _locate
 
     start = time.perf_counter()
     readers = [_locate.open_path(w) for w in wheels]

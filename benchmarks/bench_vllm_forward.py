@@ -64,7 +64,9 @@ def inner(calls, rounds):
 
     sys.path.insert(0, os.path.join(REPO, "tests"))
     import flashfix
-    from flashfix import _registry, _source, vllm_patch
+    from flashfix import vllm_patch
+    from flashfix.core import registry as _registry
+    from flashfix.core import source as _source
     import vllm_prefix_shape as h
 
     target = vllm_patch.TARGET

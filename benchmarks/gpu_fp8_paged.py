@@ -25,7 +25,7 @@ def warm(what):
     """Build one JIT module the check needs, so that builds overlap (same cache directory)."""
     import torch
     import flashinfer
-    from flashfix import _gpu_checks as checks
+    from flashfix.tools import gpu_checks as checks
 
     if what == "paged":
         batch = checks.PagedBatch([(1, 3)], kv_dtype=torch.float8_e4m3fn, page_size=1)
@@ -44,7 +44,7 @@ def warm(what):
 
 def child():
     import flashfix  # noqa: F401
-    from flashfix import _gpu_checks as checks
+    from flashfix.tools import gpu_checks as checks
 
     common.emit({"env": checks.environment()})
     checks.fp8_paged(log=lambda row: common.emit({"row": row}))
@@ -66,7 +66,7 @@ def main():
     warmers = [common.Child(__file__, ["--warm", w], cache, deadline=deadline) for w in ("paged", "merge")]
     main_child = common.Child(__file__, ["--child"], cache, deadline=deadline)
     rows, env, problems = common.gather(warmers + [main_child])
-    from flashfix._gpu_checks import markdown, write_json
+    from flashfix.tools.gpu_checks import markdown, write_json
 
     print("## FP8 paged read with scales (sglang-fp8-kv-scales)\n")
     print(common.header(env) + "\n")

@@ -37,7 +37,7 @@ GROUPS = {
 
 def child(spec):
     import flashfix  # noqa: F401  (installs the hook: the patch applies when flashinfer is imported)
-    from flashfix import _gpu_checks as checks
+    from flashfix.tools import gpu_checks as checks
 
     configs = [(kv, int(d)) for kv, d in (item.split(":") for item in spec.split(","))]
     common.emit({"env": checks.environment()})
@@ -88,7 +88,7 @@ def main():
         for row in run["rows"]:
             table.append(dict(row, sequence=run["sequence"], flashfix=run["flashfix"], patch_state=run["patch_state"],
                               renamed="yes" if (row["step"] == 2 and run["warnings"]) else ""))
-    from flashfix._gpu_checks import markdown, write_json
+    from flashfix.tools.gpu_checks import markdown, write_json
 
     print("## Sink-wrapper JIT name collision (flashinfer-sink-jit-name)\n")
     print(common.header(env) + "\n")

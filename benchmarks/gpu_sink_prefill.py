@@ -22,7 +22,7 @@ GOAL = 0.005
 
 def child(backend, window):
     import flashfix  # noqa: F401  (flashfix's hooks first, as in production)
-    from flashfix import _gpu_checks as checks
+    from flashfix.tools import gpu_checks as checks
 
     common.emit({"env": checks.environment()})
     cases = [c for c in checks.SINK_CASES if (c[2] >= 0) == window]
@@ -42,9 +42,9 @@ def main():
                              deadline=deadline)
                 for backend in ("auto", "fa2") for window in ("full", "window")]
     rows, env, problems = common.gather(children)
-    order = {name: i for i, (name, _, _) in enumerate(__import__("flashfix._gpu_checks", fromlist=["_"]).SINK_CASES)}
+    order = {name: i for i, (name, _, _) in enumerate(__import__("flashfix.tools.gpu_checks", fromlist=["_"]).SINK_CASES)}
     rows.sort(key=lambda r: (r["backend"] != "auto", order.get(r["case"], 99)))
-    from flashfix._gpu_checks import markdown, write_json
+    from flashfix.tools.gpu_checks import markdown, write_json
 
     print("## Sink-aware prefill (vllm-sink-prefill)\n")
     print(common.header(env) + "\n")

@@ -49,10 +49,10 @@ PATCH_MODULES = {
 }
 
 _API = {
-    "status": "flashfix._registry",
-    "revert": "flashfix._registry",
-    "PatchError": "flashfix._registry",
-    "ConfigError": "flashfix._config",
+    "status": "flashfix.core.registry",
+    "revert": "flashfix.core.registry",
+    "PatchError": "flashfix.core.registry",
+    "ConfigError": "flashfix.core.config",
 }
 
 
@@ -414,7 +414,7 @@ def generation(name):
 
 def _patch_module_loader(top):
     def load(module):
-        from flashfix import _registry
+        from flashfix.core import registry as _registry
 
         _registry.load_engine(top)
 

@@ -1,3 +1,3 @@
-from flashfix._cli import main
+from flashfix.tools.cli import main
 
 raise SystemExit(main())

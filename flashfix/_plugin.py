@@ -15,7 +15,7 @@ def register():
     import os
 
     import flashfix
-    from flashfix import _registry
+    from flashfix.core import registry as _registry
 
     flashfix.activate()
     if flashfix._activation_error is not None:  # strict mode: an affected module imported before flashfix

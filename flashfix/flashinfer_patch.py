@@ -68,9 +68,9 @@ import logging
 import os
 import threading
 
-from flashfix import _source
-from flashfix._registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, SetAttr, Shape, note_ran
-from flashfix._source import ShapeError
+from flashfix.core import source as _source
+from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, SetAttr, Shape, note_ran
+from flashfix.core.source import ShapeError
 
 log = logging.getLogger("flashfix")
 
@@ -289,7 +289,7 @@ def prepare(modules):
 
 def plan(planner):
     """``flashfix diff``: the one replaced ``__init__``, shown from flashfix's source."""
-    from flashfix import _diff
+    from flashfix.tools import diff as _diff
 
     if not _diff.binds("flashinfer.attention", SINK_CLASS):
         raise ShapeError("flashinfer.attention has no %s" % SINK_CLASS)

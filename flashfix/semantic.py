@@ -41,9 +41,10 @@ the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import
 import ast
 import copy
 
-from flashfix import _registry, _source
-from flashfix._registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
-from flashfix._source import ShapeError
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
+from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
+from flashfix.core.source import ShapeError
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 
@@ -335,7 +336,7 @@ def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
     keep their text. ValueError unless ``after`` matches exactly once there."""
-    from flashfix import _render
+    from flashfix.core import render as _render
 
     rule = getattr(patch, "rule", patch)
     func = _source.find_def(ast.parse(text), rule.function)

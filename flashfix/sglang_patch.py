@@ -16,9 +16,12 @@ import ast
 import importlib
 import sys
 
-from flashfix import _locate, _registry, _source, semantic
-from flashfix._registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape
-from flashfix._source import ShapeError
+from flashfix import semantic
+from flashfix.core import locate as _locate
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
+from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape
+from flashfix.core.source import ShapeError
 from flashfix.semantic import Backport, _own_function, function_at as _function_at, words as _words  # noqa: F401
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
@@ -275,7 +278,7 @@ def _autotune_changes(module, qualname):
 def _autotune_plan(plan):
     """``flashfix diff``: ``_autotune_changes`` with its questions about the imported modules
     (``hasattr``, the function's globals) asked of the source instead."""
-    from flashfix import _diff
+    from flashfix.tools import diff as _diff
 
     modname, qualname, _, shape = _autotune_locate(_source.module_ast)
     if shape.kind != BUGGY:

@@ -92,8 +92,10 @@ Delete when
 import ast
 import copy
 
-from flashfix import _registry, _source, semantic
-from flashfix._source import ShapeError
+from flashfix import semantic
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
+from flashfix.core.source import ShapeError
 
 PATCH_ID = "vllm-sink-prefill"
 TARGET = "vllm.v1.attention.backends.flashinfer"
@@ -438,7 +440,7 @@ def prepare(modules):
 
 def plan(planner):
     """``flashfix diff``: the changes of ``prepare``, made from source."""
-    from flashfix import _diff
+    from flashfix.tools import diff as _diff
 
     if not _diff.binds("flashinfer", SINK_WRAPPER):  # prepare() takes the class from the installed flashinfer
         raise ShapeError("the flashinfer read here has no %s (or is not there): the runtime would leave vLLM as it is"

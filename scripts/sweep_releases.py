@@ -12,7 +12,7 @@
 Nothing is installed or unpacked. A wheel is a zip: its central directory and the few members
 the probes read (each patch's target modules, the modules a probe looks into, and the
 ``.dist-info/METADATA``) are fetched with HTTP range requests (``remotezip``), so a 400 MB
-vLLM wheel costs a few hundred KB. Each wheel is read by ``flashfix._locate.ZipReader``
+vLLM wheel costs a few hundred KB. Each wheel is read by ``flashfix.core.locate.ZipReader``
 and judged exactly as ``flashfix doctor`` judges an installed engine: under
 ``_locate.reading(reader)``, through ``_registry.targets_of``, ``read_trees`` and ``judge``,
 with the version from the wheel's own METADATA.
@@ -79,7 +79,9 @@ from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E40
 from packaging.version import InvalidVersion, Version  # noqa: E402
 from remotezip import RemoteZip, RemoteZipError  # noqa: E402
 
-from flashfix import _locate, _registry, _source  # noqa: E402
+from flashfix.core import locate as _locate
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source  # noqa: E402
 
 
 class NetworkError(Exception):
@@ -240,7 +242,7 @@ def use_packs(modules):
     """Judge the patches of these pack modules (``PATCHES``, checked and registered as the
     entry-point group's packs are) instead of every installed one. ValueError when one cannot
     be loaded."""
-    from flashfix import _packs
+    from flashfix.core import packs as _packs
 
     _registry.load_all()
     for module in modules:

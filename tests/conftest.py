@@ -27,8 +27,9 @@ class Engine:
 
 FAKE_PATCHES = '''
 import ast
-from flashfix import _registry, _source
-from flashfix._registry import Patch, Shape, SetAttr, FIXED, BUGGY, UNKNOWN
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
+from flashfix.core.registry import Patch, Shape, SetAttr, FIXED, BUGGY, UNKNOWN
 
 calls = []
 

@@ -15,7 +15,8 @@ from importlib.metadata import version
 from types import SimpleNamespace
 
 import flashfix
-from flashfix import _registry, _source
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 
 
 def report(key, value):

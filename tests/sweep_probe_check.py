@@ -18,8 +18,10 @@ spec = importlib.util.spec_from_file_location("sweep_releases", REPO / "scripts"
 sweep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sweep)
 
-from flashfix import _locate, _source, sglang_patch  # noqa: E402
-from flashfix._registry import ABSENT  # noqa: E402
+from flashfix import sglang_patch
+from flashfix.core import locate as _locate
+from flashfix.core import source as _source  # noqa: E402
+from flashfix.core.registry import ABSENT  # noqa: E402
 
 MODEL_RUNNER = sglang_patch.MODEL_RUNNER
 MODEL_CONFIG = sglang_patch.MODEL_CONFIG

@@ -42,7 +42,7 @@ def test_marker_leaves_the_code_after_first_run(fake_site):
     (r,), _ = run_py('''
         use_fake()
         import fakeeng.core as core
-        from flashfix import _registry
+        from flashfix.core import registry as _registry
         change = _registry._sites["fake-compute:Engine.compute"]
         first = core.Engine.compute.__code__ is change.marked
         core.Engine().compute(1)
@@ -278,7 +278,7 @@ def test_missing_target_module_reads_not_affected_like_the_doctor(fake_site):
     (r,), _ = run_py('''
         use_fake()
         import fakeeng
-        from flashfix import _doctor
+        from flashfix.tools import doctor as _doctor
         rows, _ = _doctor.diagnose()
         doctor = {x["id"]: x["verdict"] for x in rows}["fake-compute"]
         report(state=state()["state"], doctor=doctor)

@@ -281,7 +281,7 @@ def test_metadata_folder_in_a_symlink_loop_gives_one_line(tmp_path):
 # --- the --python probe program ---------------------------------------------------------------
 
 def test_remote_probe_is_a_file_run_by_path_that_imports_nothing_of_flashfix():
-    probe = REPO / "flashfix" / "_remote_probe.py"
+    probe = REPO / "flashfix" / "tools" / "remote_probe.py"
     proc = subprocess.run([sys.executable, "-X", "importtime", str(probe)], input="", capture_output=True,
                           text=True, timeout=60, cwd="/", env=vet_helpers.clean_env({"PYTHONPATH": ""}))
     assert proc.returncode == 0, proc.stderr
@@ -297,17 +297,17 @@ def test_remote_probe_from_a_zipped_flashfix(tmp_path):
     source through -c and reads the same as from this checkout."""
     zipped = tmp_path / "flashfix.zip"
     with zipfile.ZipFile(zipped, "w") as archive:
-        for path in sorted((REPO / "flashfix").glob("*.py")):
-            archive.write(path, "flashfix/" + path.name)
+        for path in sorted((REPO / "flashfix").rglob("*.py")):
+            archive.write(path, "flashfix/" + path.relative_to(REPO / "flashfix").as_posix())
     python = _python()
     from_zip = _run("doctor", "--json", "--python", python, env={"PYTHONPATH": str(zipped)})
     assert from_zip.returncode == 0, from_zip.stderr
     here = _run("doctor", "--json", "--python", python)
     assert json.loads(from_zip.stdout) == json.loads(here.stdout)
-    check = subprocess.run([sys.executable, "-c", "import flashfix._remote as r; print(r.__file__); "
+    check = subprocess.run([sys.executable, "-c", "import flashfix.tools.remote as r; print(r.__file__); "
                             "print(r.probe_command('python')[1])"], capture_output=True, text=True, cwd="/",
                            env=vet_helpers.clean_env({"PYTHONPATH": str(zipped)}))
-    assert check.stdout.splitlines()[:2] == [str(zipped / "flashfix" / "_remote.py"), "-c"], check
+    assert check.stdout.splitlines()[:2] == [str(zipped / "flashfix" / "tools" / "remote.py"), "-c"], check
 
 
 def test_remote_probe_from_a_sourceless_flashfix(tmp_path):
@@ -315,7 +315,7 @@ def test_remote_probe_from_a_sourceless_flashfix(tmp_path):
     copy = tmp_path / "flashfix"
     shutil.copytree(REPO / "flashfix", copy, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-b", str(copy)], check=True)
-    for path in copy.glob("*.py"):
+    for path in copy.rglob("*.py"):
         path.unlink()
     python = _python()
     sourceless = _run("doctor", "--json", "--python", python, env={"PYTHONPATH": str(tmp_path)})

@@ -24,7 +24,8 @@ import importlib, json, sys
 assert "flashfix" not in sys.modules
 LOADER
 assert "flashfix" in sys.modules, "the plugin loader did not load flashfix"
-from flashfix import _registry, _plugin
+from flashfix import _plugin
+from flashfix.core import registry as _registry
 _plugin.register()  # a third activation in the same process
 for patch in _registry.load_all():
     for target in _registry.targets_of(patch):

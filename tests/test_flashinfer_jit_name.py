@@ -28,7 +28,7 @@ import torch
 import flashinfer
 import flashinfer.prefill as prefill
 from flashinfer.attention import BatchAttentionWithAttentionSinkWrapper as Sink
-from flashfix import _registry
+from flashfix.core import registry as _registry
 
 warnings = []
 class Catch(logging.Handler):
@@ -175,7 +175,8 @@ def test_without_the_patch_every_configuration_shares_one_name():
 
 PROBE = r'''
 import ast, json, flashfix
-from flashfix import _source, flashinfer_patch as fp
+from flashfix import flashinfer_patch as fp
+from flashfix.core import source as _source
 trees = {m: _source.module_ast(m) for m in fp.PATCHES[0].targets}
 real = fp.probe(trees)
 core_file = _source.module_file("flashinfer.attention._core")
@@ -193,7 +194,7 @@ def probe_with(core_src):
     with m.patch.object(_source, "module_ast", lambda name, modules=None: tree):
         return fp.probe({"flashinfer.attention": trees["flashinfer.attention"], "flashinfer.prefill": trees["flashinfer.prefill"]})
 verdict = fp.PATCHES[0]
-from flashfix import _registry
+from flashfix.core import registry as _registry
 print("FLASHFIX_RESULT=" + json.dumps({
     "real": real.kind, "fixed": probe_with(fixed_src).kind, "absent": probe_with(absent_src).kind,
     "odd": probe_with(odd_src).kind, "fixed_class": fixed is not None,
@@ -242,7 +243,7 @@ def test_doctor_on_real_flashinfer_wheels(tmp_path):
         subprocess.run(["uv", "pip", "install", "-q", "--no-deps", "--target", str(dest / "site"),
                         "flashinfer-python==%s" % version], check=True)
         (rows,), _ = run_py('''
-            from flashfix import _doctor
+            from flashfix.tools import doctor as _doctor
             rows, _ = _doctor.diagnose()
             report(rows=[r for r in rows if r["engine"] == "flashinfer-python"],
                    heavy=[m for m in ("torch", "flashinfer") if m in sys.modules])

@@ -118,7 +118,7 @@ def test_rewrite_accepts_recursion_and_self_reference(tmp_path):
         import sys
         sys.path.insert(0, %r)
         import ff_self
-        from flashfix import _source
+        from flashfix.core import source as _source
         out = {}
         for name, func in (("countdown", ff_self.countdown), ("walk", ff_self.make(5)), ("depth", ff_self.Tree.depth)):
             marked, plain = _source.rewrite(func, lambda node: None)
@@ -133,7 +133,7 @@ def test_rewrite_accepts_recursion_and_self_reference(tmp_path):
 
 DOCTOR_AND_RUNTIME = '''
     import flashfix
-    from flashfix import _doctor
+    from flashfix.tools import doctor as _doctor
     use_fake()
     rows, _ = _doctor.diagnose()
     doctor = {x["id"]: [x["verdict"], x["reason"]] for x in rows}["fake-compute"]
@@ -341,7 +341,7 @@ def test_torch_compile_fullgraph_traces_the_patched_code(fake_site):
 import torch
 use_fake()
 import fakeeng.core as core
-from flashfix import _registry
+from flashfix.core import registry as _registry
 change = _registry._sites["fake-compute:Engine.compute"]
 engine = core.Engine()
 compiled = torch.compile(core.Engine.compute, backend="eager", fullgraph=True)
@@ -438,7 +438,7 @@ def test_parsed_trees_dropped_after_decision(fake_site):
     (r,), _ = run_py('''
         use_fake()
         import fakeeng.core
-        from flashfix import _source
+        from flashfix.core import source as _source
         report(state=state()["state"], trees=len(_source._parsed))
     ''', site)
     assert r == {"state": "applied", "trees": 0}
@@ -447,7 +447,7 @@ def test_parsed_trees_dropped_after_decision(fake_site):
 # --- 12. controls ------------------------------------------------------------------------------
 
 def test_controls_accept_what_logging_accepts():
-    from flashfix import _config
+    from flashfix.core import config as _config
 
     ids = {"a", "b"}
     assert _config.parse(ids, {"FLASHFIX_DISABLE": "a,"}).problems == ()
@@ -515,7 +515,7 @@ def test_status_after_a_failed_import_left_a_namespace_package_orphaned(fake_sit
         import fakeeng.ns.core as core
         applied = state()["state"]
         del sys.modules["fakeeng"]
-        from flashfix import _doctor
+        from flashfix.tools import doctor as _doctor
         rows, _ = _doctor.diagnose()
         report(applied=applied, state=state()["state"],
                doctor={x["id"]: x["verdict"] for x in rows}["fake-compute"])

@@ -10,7 +10,7 @@ import json, sys, time
 import flashfix
 after_import = [m for m in ("torch", "vllm", "sglang", "flashinfer", "wrapt") if m in sys.modules]
 t = time.perf_counter()
-from flashfix import _doctor
+from flashfix.tools import doctor as _doctor
 rows, _ = _doctor.diagnose()
 doctor_s = time.perf_counter() - t
 flashfix.status()

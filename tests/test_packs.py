@@ -53,7 +53,7 @@ def install(target, *projects, python=sys.executable):
 
 
 GOOD = '''
-from flashfix._registry import Patch, Shape, SetAttr, BUGGY
+from flashfix.core.registry import Patch, Shape, SetAttr, BUGGY
 
 def prepare(modules):
     core = modules["fakeeng.core"]
@@ -142,7 +142,7 @@ def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site
     results, proc = run_py('''
         import io, contextlib, json, sys
         use_fake()
-        from flashfix import _cli
+        from flashfix.tools import cli as _cli
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = _cli.main(["doctor", "--json", "--path", %r, "--path", %r])
@@ -237,7 +237,7 @@ def test_readme_example_pack_fixes_vllm_0_28_and_is_fixed_upstream_in_0_29(wheel
     # flashfix's own patches came through the same entry-point group, from the installed metadata
     proc, (entries,) = _engine(venv28, '''
 import json
-from flashfix import _packs
+from flashfix.core import packs as _packs
 print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
 ''')
     assert sorted((e[0], e[2], e[3], e[5]) for e in entries) == [

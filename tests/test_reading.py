@@ -30,7 +30,7 @@ import engine_env
 import vet_helpers
 from conftest import REPO
 
-from flashfix import _source
+from flashfix.core import source as _source
 
 RELEASE = "sglang==0.5.17"
 MODEL_CONFIG = "sglang/srt/configs/model_config.py"

@@ -57,7 +57,7 @@ def test_wheel_holds_the_startup_files_the_patches_and_its_version(dist):
     assert re.search(r"^Version: %s$" % re.escape(VERSION), metadata, re.M)
     assert re.search(r"^Description-Content-Type: text/markdown", metadata, re.M)
     assert re.search(r"^Requires-Dist: packaging", metadata, re.M)
-    assert "flashfix = flashfix._cli:main" in entry_points
+    assert "flashfix = flashfix.tools.cli:main" in entry_points
 
 
 def test_sdist_holds_what_the_readme_and_the_tests_need(dist):
@@ -94,10 +94,10 @@ def test_installed_wheel_says_its_version(dist, tmp_path):
 def test_version_flag_of_this_checkout_is_cheap():
     """``flashfix --version`` loads neither the engines nor any of flashfix's tools."""
     code = ("import sys\n"
-            "from flashfix._cli import main\n"
+            "from flashfix.tools.cli import main\n"
             "try:\n    main(['--version'])\nexcept SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'sglang', 'flashinfer',"
-            " 'wrapt', 'packaging') or m.startswith(('flashfix._doctor', 'flashfix._diff', 'flashfix._verify',"
+            " 'wrapt', 'packaging') or m.startswith(('flashfix.tools.doctor', 'flashfix.tools.diff', 'flashfix.tools.verify',"
             " 'flashfix.tools.doctor', 'flashfix.tools.diff', 'flashfix.tools.verify')))\n"
             "print('loaded', heavy)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,

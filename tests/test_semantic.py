@@ -10,7 +10,9 @@ import pytest
 import this_checkout
 
 this_checkout.flashfix()
-from flashfix import _registry, _source, semantic, sglang_patch  # noqa: E402
+from flashfix import semantic, sglang_patch
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source  # noqa: E402
 from flashfix.semantic import build, find, match, pattern  # noqa: E402
 
 

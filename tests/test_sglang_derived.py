@@ -32,7 +32,7 @@ import test_sglang_real as released  # noqa: E402  (the releases' own reports, o
 import this_checkout  # noqa: E402
 
 this_checkout.flashfix()
-from flashfix import _source  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 FP8, AUTOTUNE, VISION = released.FP8, released.AUTOTUNE, released.VISION
 DERIVED = (FP8, VISION)
@@ -46,7 +46,9 @@ from importlib.metadata import version as _version
 sys.path.insert(0, %r)
 import sglang_prefix_shape as _derive
 import flashfix
-from flashfix import _registry as _reg, _source as _src, sglang_patch as _sp
+from flashfix import sglang_patch as _sp
+from flashfix.core import registry as _reg
+from flashfix.core import source as _src
 
 def _report(key, value):
     print("FLASHFIX_RESULT=" + json.dumps({key: value}, default=str), flush=True)

@@ -9,7 +9,7 @@ must see the same bindings, or every such function (vLLM's ``FlashInferImpl.forw
 import importlib.util
 import sys
 
-from flashfix import _source
+from flashfix.core import source as _source
 
 SOURCE = '''
 from os import path as imported_path

@@ -10,7 +10,7 @@ from conftest import REPO, run_py
 
 def test_no_engine_exit_code_and_sentence():
     # this interpreter has no vLLM, SGLang or FlashInfer
-    _, proc = run_py("from flashfix._cli import main; raise SystemExit(main(['verify']))", check=False)
+    _, proc = run_py("from flashfix.tools.cli import main; raise SystemExit(main(['verify']))", check=False)
     assert proc.returncode == 4, proc.stderr
     assert "flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed" in proc.stdout
 
@@ -34,7 +34,7 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
     # the runner's own logic, with stand-in check expressions (the real checks need a GPU)
     (r,), proc = run_py('''
         import time
-        from flashfix import _verify
+        from flashfix.tools import verify as _verify
         _verify.CHECKS = (
             ("ok", "vllm-sink-prefill", "[{'err_flashfix': 0.001, 'err_pre_fix': 0.6}]"),
             ("too far", "sglang-fp8-kv-scales", "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
@@ -54,7 +54,8 @@ def test_vllm_check_builds_through_the_runtime_factory_edit():
     # stand-in of vLLM's pre-fix factory; here its constructions are recorded, on the CPU.
     code = '''
 import json, types
-from flashfix import _gpu_checks, _registry
+from flashfix.tools import gpu_checks as _gpu_checks
+from flashfix.core import registry as _registry
 
 class Recorder:
     def __init__(self, *args, **kwargs):

@@ -25,7 +25,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vet_helpers  # noqa: E402
-from flashfix import _diff, _registry, _render, _source  # noqa: E402
+from flashfix.tools import diff as _diff
+from flashfix.core import registry as _registry
+from flashfix.core import render as _render
+from flashfix.core import source as _source  # noqa: E402
 
 SOURCE = '''\
 import os

@@ -255,7 +255,7 @@ def test_diff_of_the_vllm_prefix_tree_from_outside(tmp_path):
     assert len(rewrites) == 2  # the factory and forward, each rewritten from the installed file
     installed = (tree / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()
     fixed = (site / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()
-    from flashfix import _source
+    from flashfix.core import source as _source
 
     afters = [ast.parse(v.apply_unified_diff(installed, hunk)) for hunk in rewrites]
     # the forward that runs is, statement for statement, 0.28.0's (the marker-free side) ...

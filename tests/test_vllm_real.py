@@ -36,7 +36,9 @@ import this_checkout  # noqa: E402
 import vllm_prefix_shape  # noqa: E402
 
 this_checkout.flashfix()
-from flashfix import _registry, _source, vllm_patch  # noqa: E402
+from flashfix import vllm_patch
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.PATCHES[0]
 TARGET = vllm_patch.TARGET
@@ -64,7 +66,9 @@ def installed_file(requirement):
 
 RELEASE_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _registry, _source, vllm_patch, when_imported
+from flashfix import vllm_patch, when_imported
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 patch = vllm_patch.PATCHES[0]
 TARGET = vllm_patch.TARGET
 version = _registry.engine_version("vllm")
@@ -271,7 +275,9 @@ def test_shapes_refused_with_a_reason():
 
 PREFIX_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _registry, _source, vllm_patch, when_imported
+from flashfix import vllm_patch, when_imported
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 import vllm_prefix_shape as h
 
 patch = vllm_patch.PATCHES[0]
@@ -487,7 +493,9 @@ def test_prefix_shape_patched_matches_release(release):
 
 ATOMIC_SCRIPT = HEADER + r"""
 import flashfix
-from flashfix import _registry, _source, vllm_patch, when_imported
+from flashfix import vllm_patch, when_imported
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 import vllm_prefix_shape as h
 patch = vllm_patch.PATCHES[0]
 TARGET, SINK = vllm_patch.TARGET, vllm_patch.SINK_WRAPPER

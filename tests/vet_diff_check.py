@@ -32,7 +32,10 @@ TESTS = os.environ["VET_TESTS"]  # run with ``python -c``: no __file__
 sys.path.insert(0, TESTS)
 
 import vet_helpers  # noqa: E402
-from flashfix import _diff, _registry, _render, _source  # noqa: E402
+from flashfix.tools import diff as _diff
+from flashfix.core import registry as _registry
+from flashfix.core import render as _render
+from flashfix.core import source as _source  # noqa: E402
 
 HEAVY = ("torch", "vllm", "sglang", "flashinfer")
 

@@ -150,7 +150,7 @@ class Problem(Exception):
 
 def check(patches):
     """``patches`` if every one is a well-formed ``Patch`` with its own id, else ``Problem``."""
-    from flashfix._registry import Patch
+    from flashfix.core.registry import Patch
 
     seen = set()
     for i, patch in enumerate(patches):

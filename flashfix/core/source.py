@@ -23,7 +23,7 @@ import ast
 import copy
 import re
 
-from flashfix import _locate
+from flashfix.core import locate as _locate
 
 
 class ShapeError(Exception):
@@ -511,7 +511,7 @@ def render_edit(text, original, edited, origin=None):
     """The function ``original`` (a def node of the module source ``text``) once edited into
     ``edited``, as source text: a ``_render.Rendered``, with and without the marker. ``rewrite``
     compiles from it and ``flashfix diff`` prints it. ShapeError if it cannot be written."""
-    from flashfix import _render
+    from flashfix.core import render as _render
 
     try:
         return _render.render(text, original, edited, origin)

@@ -28,8 +28,10 @@ import difflib
 import inspect
 import sys
 
-from flashfix import _locate, _registry, _source
-from flashfix._source import ShapeError
+from flashfix.core import locate as _locate
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
+from flashfix.core.source import ShapeError
 
 
 class Rewrite:
@@ -220,7 +222,7 @@ def plan(ids=None, reader=None):
     if reader is not None:
         with _locate.reading(reader):
             return plan(ids)
-    from flashfix import _doctor
+    from flashfix.tools import doctor as _doctor
 
     rows, _ = _doctor.diagnose()
     patches = {p.id: p for p in _registry.load_all()}

@@ -38,8 +38,11 @@ import threading
 from collections import namedtuple
 
 import flashfix
-from flashfix import _config, _locate, _packs, _source
-from flashfix._source import ShapeError
+from flashfix.core import config as _config
+from flashfix.core import locate as _locate
+from flashfix.core import packs as _packs
+from flashfix.core import source as _source
+from flashfix.core.source import ShapeError
 
 log = logging.getLogger("flashfix")
 _lock = threading.RLock()

@@ -1,9 +1,9 @@
 """The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
-``EXE .../flashfix/_remote_probe.py``, never imported as part of flashfix).
+``EXE .../flashfix/tools/remote_probe.py``, never imported as part of flashfix).
 
 Standard library only: it imports neither flashfix nor any engine, and works on any Python the
 engines support. It starts as that environment's Python always starts, with ``site``, then
-answers questions on its stdin, one JSON line each (see ``flashfix._remote``): where a module
+answers questions on its stdin, one JSON line each (see ``flashfix.tools.remote``): where a module
 is, found through ``sys.meta_path`` without importing it, and a distribution's version and
 metadata file, through ``importlib.metadata``.
 """

@@ -27,13 +27,14 @@ def _add_sources(parser):
 def open_sources(sources):
     """The reader for ``--path``/``--python`` values (None: this interpreter), and the
     readers to close. SourceError (with its message) when one cannot be read."""
-    from flashfix import _doctor, _locate
+    from flashfix.tools import doctor as _doctor
+    from flashfix.core import locate as _locate
 
     readers = []
     try:
         for kind, value in sources:
             if kind == "python":
-                from flashfix import _remote
+                from flashfix.tools import remote as _remote
 
                 readers.append(_remote.PythonReader(value))
             else:
@@ -76,7 +77,7 @@ def main(argv=None):
     verify.add_argument("--json", action="store_true", help="print a JSON report on stdout (progress goes to stderr)")
     args = parser.parse_args(argv)
     if args.command in ("doctor", "diff"):
-        from flashfix import _locate
+        from flashfix.core import locate as _locate
 
         try:
             reader, opened = open_sources(args.sources)
@@ -85,10 +86,10 @@ def main(argv=None):
             return 2
         try:
             if args.command == "doctor":
-                from flashfix import _doctor
+                from flashfix.tools import doctor as _doctor
 
                 return _doctor.run(as_json=args.json, strict=args.strict, reader=reader)
-            from flashfix import _diff
+            from flashfix.tools import diff as _diff
 
             return _diff.run(args.ids, reader=reader, marker=args.marker)
         except _locate.SourceError as exc:
@@ -97,7 +98,7 @@ def main(argv=None):
         finally:
             close(opened)
     if args.command == "verify":
-        from flashfix._verify import run
+        from flashfix.tools.verify import run
 
         return run(as_json=args.json)
     return 2

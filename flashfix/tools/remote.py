@@ -1,11 +1,11 @@
 """``flashfix doctor --python EXE``: read another environment through its interpreter.
 
-The other interpreter runs a small self-contained program (``flashfix/_remote_probe.py``, run
+The other interpreter runs a small self-contained program (``flashfix/tools/remote_probe.py``, run
 by path; standard library only: it imports neither flashfix nor any engine). It starts as that
 environment's Python always starts, with ``site`` (so site-packages, ``.pth`` path entries and setuptools' editable
 finders are in place), then answers questions on its stdin, one JSON line each:
 
-* where a module is: it walks ``sys.meta_path`` as ``flashfix._locate.ImportSystem`` does
+* where a module is: it walks ``sys.meta_path`` as ``flashfix.core.locate.ImportSystem`` does
   (top-level package first, each submodule with its parent's search locations; nothing is
   imported), and answers the spec's origin and whether it is a source file, a namespace
   package or sourceless; for a loader whose source is not a plain file (a zip import, a
@@ -24,7 +24,7 @@ import queue
 import subprocess
 import threading
 
-from flashfix import _locate
+from flashfix.core import locate as _locate
 
 PREFIX = "\x1eflashfix-remote "
 
@@ -34,14 +34,14 @@ def probe_command(executable):
     disk; from a zipped install, its source (from the package's loader) through ``-c``; from a
     sourceless install, its ``.pyc`` by path (which only the same Python version runs: another
     one fails to start, and says why). SourceError where there is none of these."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_remote_probe.py")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_probe.py")
     if os.path.isfile(here):
         return [executable, here]
     import importlib.util
 
     text = spec = None
     try:
-        spec = importlib.util.find_spec("flashfix._remote_probe")
+        spec = importlib.util.find_spec("flashfix.tools.remote_probe")
         get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
         text = get_source(spec.name) if get_source is not None else None
     except (ImportError, OSError, UnicodeDecodeError):
@@ -51,7 +51,7 @@ def probe_command(executable):
     origin = getattr(spec, "origin", None)
     if origin and origin.endswith(".pyc") and os.path.isfile(origin):
         return [executable, origin]
-    raise _locate.SourceError("--python needs flashfix/_remote_probe.py, which this install of flashfix lacks")
+    raise _locate.SourceError("--python needs flashfix/tools/remote_probe.py, which this install of flashfix lacks")
 
 
 
@@ -212,7 +212,7 @@ class PythonReader:
 
     def entry_points(self, group):
         """``[(name, value, distribution)]`` of ``group`` there (patch packs; imported here from
-        the folder that holds their module, see ``flashfix._packs``)."""
+        the folder that holds their module, see ``flashfix.core.packs``)."""
         return [tuple(e) for e in self._ask({"op": "entry_points", "group": group})["entry_points"]]
 
     def describe(self):

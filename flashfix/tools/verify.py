@@ -30,13 +30,13 @@ import sys
 import threading
 import time
 
-from flashfix import _doctor
+from flashfix.tools import doctor as _doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
 
 THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashinfer-sink-jit-name": 0.005}
 
-# name -> (patch id, python expression run in a child with ``g`` = flashfix._gpu_checks).
+# name -> (patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks).
 # The vLLM patch acts on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so
 # it measures the kernels SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick
 # fa3, whose sliding-window kernels take over 8 minutes to JIT-compile).
@@ -79,7 +79,7 @@ print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(), "capability"
 _RUNTIME = """
 import importlib, json
 import flashfix
-from flashfix import _registry
+from flashfix.core import registry as _registry
 for patch in _registry.load_all():
     if _registry.engine_version(patch.engine) is None:
         continue
@@ -121,7 +121,7 @@ def _run_checks(names, as_json, start):
     for name, patch_id, expr in CHECKS:
         if patch_id not in names:
             continue
-        code = ("import json; from flashfix import _gpu_checks as g\n"
+        code = ("import json; from flashfix.tools import gpu_checks as g\n"
                 "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % expr)
         env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))
         procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

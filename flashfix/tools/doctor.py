@@ -8,9 +8,9 @@ the runtime gate uses once the engine is imported.
 The environment read is this interpreter's by default. ``--path`` reads wheels (from the zip,
 never unpacked), site-packages folders and source trees instead, several together forming one
 environment; ``--python`` reads another interpreter's environment, which is asked only where
-its modules and distributions are (``flashfix._remote``). The patches judged are this
+its modules and distributions are (``flashfix.tools.remote``). The patches judged are this
 flashfix's own and those of the patch packs installed in the environment read
-(``flashfix._packs``); a pack that cannot be loaded is one line on stderr (and exit 1 under
+(``flashfix.core.packs``); a pack that cannot be loaded is one line on stderr (and exit 1 under
 ``--strict``). Each row lists the files its
 verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
@@ -18,7 +18,10 @@ verdict was read from, with their sha256 (``sources``), as provenance for an ima
 import json
 import sys
 
-from flashfix import _locate, _packs, _registry, _source
+from flashfix.core import locate as _locate
+from flashfix.core import packs as _packs
+from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 
 
 def diagnose(reader=None):

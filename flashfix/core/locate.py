@@ -20,7 +20,7 @@ Provenance: inside ``with recording() as files:`` every module and distribution 
 read through ``find``/``version`` is listed in ``files`` with the sha256 of the bytes read
 (for a wheel, the member's bytes and the wheel's own sha256), so an image pipeline can name
 exactly what a verdict was decided from. ``open_path`` and ``Composite`` build the readers of
-``flashfix doctor --path``; ``flashfix._remote.PythonReader`` is ``--python``.
+``flashfix doctor --path``; ``flashfix.tools.remote.PythonReader`` is ``--python``.
 """
 
 import contextvars

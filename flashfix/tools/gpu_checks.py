@@ -240,7 +240,8 @@ class _VllmImplStandIn:
 def _rewritten_copy(original, edit):
     """A copy of ``original`` with a vLLM patch edit applied through the registry's rewrite, as
     the patch does to vLLM's own function."""
-    from flashfix import _registry, vllm_patch
+    from flashfix import vllm_patch
+    from flashfix.core import registry as _registry
 
     _registry.load_all()  # the patch ids must be known for its run markers
     twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
@@ -418,7 +419,8 @@ class _SglangBackendStandIn:
 
 def _fixed_sglang_forward_extend():
     """A copy of the stand-in with flashfix's SGLang FP8 patch applied by its own ``prepare``."""
-    from flashfix import _registry, sglang_patch
+    from flashfix import sglang_patch
+    from flashfix.core import registry as _registry
 
     _registry.load_all()
     patch = [p for p in sglang_patch.PATCHES if p.id == "sglang-fp8-kv-scales"][0]
@@ -549,7 +551,7 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
 def sink_patch_state():
     """flashfix's state of the JIT-name patch in this process."""
     try:
-        from flashfix import _registry
+        from flashfix.core import registry as _registry
 
         for row in _registry.status():
             if row["id"] == "flashinfer-sink-jit-name":

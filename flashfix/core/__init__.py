@@ -1,0 +1,1 @@
+"""The mechanism: post-import hooks, the patch registry and its gates, reading and recompiling engine source. Knows no engine."""
