@@ -83,8 +83,7 @@ class Module(ast.Module):
         the offset in the text where the run ends. SyntaxError if the text does not parse.
 
         A top-level class longer than ``CHUNK_LINES`` is parsed in runs of its own body
-        (``_split_class``), and so is a method of it longer than ``CLASS_CHUNK_LINES``: the
-        parser never holds a whole long class, or a whole long method, at once. With
+        (``_split_class``), so the parser never holds a whole long class at once. With
         ``keep(class_node, statement)``, such a class keeps only the body statements that
         ``keep`` accepts (its other attributes, line and column included, are the whole
         file's): a probe that looks up one method keeps that method, not the class."""
@@ -149,9 +148,7 @@ def _split_class(text, origin, start, line, ends, keep, nested=False):
     in the whole file; a run that ends before one of ``ends`` ends the class there. A body
     run is parsed under an ``if 1:`` line placed just above it, so every line and column is
     the file's; it must give that one ``if`` and nothing else (a statement at column 0
-    would end the class, an ``else:`` would join the ``if``). ``nested``: the statement is a
-    function inside such a body (its header run is parsed under ``if 1:`` as well), and
-    ``ends`` are the lines at the enclosing body's indentation or at column 0."""
+    would end the class, an ``else:`` would join the ``if``)."""
     first = text.find("\n", start) + 1
     indent = re.compile(r"^([ \t\f]+)(?=[^\s#)\]}])", re.M).search(text, first) if first else None
     if indent is None:
