@@ -45,7 +45,6 @@ _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patc
 # A line that may start a top-level statement: at column 0, not blank, a comment, a closing
 # bracket or a clause that continues a statement above (else, elif, except, finally).
 _CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
-_DEF = re.compile(r"(?:async[ \t]+)?def\b|@")  # a statement that may be a function (the parser decides)
 _CLASS = re.compile(r"class\b|@")  # a statement that may be a class (the parser decides: _split_class)
 CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
 
@@ -135,7 +134,7 @@ class Module(ast.Module):
 CLASS_CHUNK_LINES = 100  # a run of a long class's body statements parsed at once holds at least this many lines
 
 
-def _split_class(text, origin, start, line, ends, keep, nested=False):
+def _split_class(text, origin, start, line, ends, keep):
     """``(class_node, end, next_line)``: the class whose statement starts at offset ``start``
     (line ``line``), read in runs of its body statements, and where it ends (one of ``ends``,
     the ``(offset, line)`` of later lines at column 0 that may start a top-level statement);
@@ -161,36 +160,12 @@ def _split_class(text, origin, start, line, ends, keep, nested=False):
         at = match.start()
         cuts.append((at, n, False))
     cuts = sorted(cuts + [(at, n, True) for at, n in ends]) + [(len(text), None, True)]
-
-    def long_def(m):  # may the statement at cuts[m] be a def of the body longer than CLASS_CHUNK_LINES?
-        at, n, top = cuts[m]
-        if top or not _DEF.match(text, at + len(prefix)):
-            return False
-        if text.startswith("@", at + len(prefix)):  # its decorators, then its own line
-            while m + 1 < len(cuts) - 1 and not cuts[m + 1][2] and text.startswith("@", cuts[m + 1][0] + len(prefix)):
-                m += 1
-            m += 1
-        m = min(m + 1, len(cuts) - 1)
-        return (cuts[m][1] or float("inf")) - n > CLASS_CHUNK_LINES
-
-    node, last, at, n, i, j = None, None, start, line, None, 0
+    node, last, at, n, j = None, None, start, line, 0
     while True:
-        if i is not None and long_def(i):  # a long method, read in runs of its own body
-            split = _split_class(text, origin, at, n, [c[:2] for c in cuts[j:-1]], None, nested=True)
-            if split is not None:
-                last = split[0]
-                node.body.extend(s for s in [last] if keep is None or keep(node, s))
-                i = next(m for m in range(j, len(cuts)) if cuts[m][0] == split[1])
-                at, n, top = cuts[i]
-                if top:
-                    node.end_lineno, node.end_col_offset = last.end_lineno, last.end_col_offset
-                    return node, at, n
-                j = i + 1
-                continue
-        while j < len(cuts) - 1 and cuts[j][1] < n + CLASS_CHUNK_LINES and not cuts[j][2] and not long_def(j):
+        while j < len(cuts) - 1 and cuts[j][1] < n + CLASS_CHUNK_LINES and not cuts[j][2]:
             j += 1
         try:
-            if node is None and not nested:  # the header run: one class, its body at ``prefix``
+            if node is None:  # the header run: one class, its body at ``prefix``
                 run = ast.parse("\n" * (line - 1) + text[start:cuts[j][0]], filename=origin).body
             else:
                 wrapped = ast.parse("\n" * (n - 2) + "if 1:\n" + text[at:cuts[j][0]], filename=origin).body
@@ -206,8 +181,7 @@ def _split_class(text, origin, start, line, ends, keep, nested=False):
                 j += 1
             continue
         if node is None:
-            if len(run) != 1 or not isinstance(run[0], (ast.FunctionDef, ast.AsyncFunctionDef) if nested
-                                               else ast.ClassDef):
+            if len(run) != 1 or not isinstance(run[0], ast.ClassDef):
                 return None
             node, run = run[0], run[0].body
             body_line = text[_line_start(text, start, line, run[0].lineno):]
@@ -220,7 +194,7 @@ def _split_class(text, origin, start, line, ends, keep, nested=False):
         if top:  # a run that parsed ends before a line at column 0: the class ends there
             node.end_lineno, node.end_col_offset = last.end_lineno, last.end_col_offset
             return node, at, n
-        i, j = j, j + 1
+        j += 1
 
 
 def _line_start(text, at, line, target):

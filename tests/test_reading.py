@@ -433,7 +433,7 @@ def test_class_runs_equal_one_parse(monkeypatch, chunk_lines):
     monkeypatch.setattr(_source, "CHUNK_LINES", 8)  # the edge cases' class is split too
     split = []
     real = _source._split_class
-    monkeypatch.setattr(_source, "_split_class", lambda *a, **k: split.append(real(*a, **k)) or split[-1])
+    monkeypatch.setattr(_source, "_split_class", lambda *a: split.append(real(*a)) or split[-1])
     texts = {"edges": LONG_CLASSES, MODEL_CONFIG: original(MODEL_CONFIG), BACKEND: original(BACKEND),
              "vllm": vllm_original("vllm/v1/attention/backends/flashinfer.py")}
     for name, text in texts.items():
