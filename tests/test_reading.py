@@ -375,3 +375,89 @@ def test_runs_equal_one_parse(monkeypatch, chunk_lines):
 def test_a_file_that_does_not_parse_raises():
     with pytest.raises(SyntaxError):
         _source.find_def(_source.Module("def f(:\n    pass\nclass C:\n    pass\n", "<test>"), "C")
+
+
+def vllm_original(relative, release="vllm==0.28.0"):
+    python = engine_env.env_python(release)
+    return next((python.parent.parent / "lib").glob("python*/site-packages")).joinpath(relative).read_text("utf-8")
+
+
+LONG_CLASSES = '''class Short:
+    x = 1
+@decorator(
+    1)
+class Long(
+    Base,
+):
+    """Doc
+    at the body's indentation
+    """
+    TEXT = """
+    def not_a_method(self):
+class NotAClass:
+"""
+    def a(self):
+        return (
+    1)
+    if x:
+        b = 1
+    else:
+        b = 2
+    def b(self):
+        return f"""{'}'}
+    def c(self):
+"""
+    try:
+        import c
+    except ImportError:
+        c = None
+    def d(self): return 1 + \\
+    2
+\f    def e(self):
+        pass
+    if x:
+        def f(self):
+            pass
+class Tail:
+    def m(self):
+        pass
+'''
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 7, 100])
+def test_class_runs_equal_one_parse(monkeypatch, chunk_lines):
+    """A long class is read in runs of its body statements (SGLang 0.5.17's and vLLM 0.28.0's
+    files, and constructs that continue a statement at the body's indentation): every node,
+    line and column, is the whole file's; where a probe keeps one member, that member is."""
+    monkeypatch.setattr(_source, "CLASS_CHUNK_LINES", chunk_lines)
+    monkeypatch.setattr(_source, "CHUNK_LINES", 8)  # the edge cases' class is split too
+    split = []
+    real = _source._split_class
+    monkeypatch.setattr(_source, "_split_class", lambda *a: split.append(real(*a)) or split[-1])
+    texts = {"edges": LONG_CLASSES, MODEL_CONFIG: original(MODEL_CONFIG), BACKEND: original(BACKEND),
+             "vllm": vllm_original("vllm/v1/attention/backends/flashinfer.py")}
+    for name, text in texts.items():
+        split.clear()
+        whole = ast.parse(text)
+        module = _source.Module(text, "<test>")
+        assert ast.dump(ast.Module(body=module.body, type_ignores=[]), include_attributes=True) == \
+            ast.dump(whole, include_attributes=True), name
+        assert any(node is not None for node in split), name  # a class was read in runs
+        for cls in (s for s in whole.body if isinstance(s, ast.ClassDef)):
+            for member in [s for s in cls.body if isinstance(s, _source._DEFS)][:40]:
+                qualname = "%s.%s" % (cls.name, member.name)
+                try:
+                    expected = ast.dump(_source.find_def(whole, qualname), include_attributes=True)
+                except _source.ShapeError as exc:
+                    expected = str(exc)
+                try:
+                    got = ast.dump(_source.find_def(_source.Module(text, "<test>"), qualname), include_attributes=True)
+                except _source.ShapeError as exc:
+                    got = str(exc)
+                assert got == expected, qualname
+    tree = _source.Module(LONG_CLASSES, "<test>")
+    assert _source.find_def(tree, "NotAClass") is None and _source.find_def(tree, "Long.not_a_method") is None
+    assert _source.find_def(tree, "Long.c") is None and _source.find_def(tree, "Long.e").lineno == 32
+    assert _source.find_def(tree, "Long.b").lineno == 22  # bound in if/else first, defined last
+    with pytest.raises(_source.ShapeError):
+        _source.find_def(tree, "Long.f")  # defined inside if

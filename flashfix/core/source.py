@@ -45,6 +45,7 @@ _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patc
 # A line that may start a top-level statement: at column 0, not blank, a comment, a closing
 # bracket or a clause that continues a statement above (else, elif, except, finally).
 _CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
+_CLASS = re.compile(r"class\b|@")  # a statement that may be a class (the parser decides: _split_class)
 CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
 
 
@@ -76,9 +77,15 @@ class Module(ast.Module):
     def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
         return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
 
-    def runs(self):
+    def runs(self, keep=None):
         """``(end, statements)`` for each run of top-level statements, in order; ``end`` is
-        the offset in the text where the run ends. SyntaxError if the text does not parse."""
+        the offset in the text where the run ends. SyntaxError if the text does not parse.
+
+        A top-level class longer than ``CHUNK_LINES`` is parsed in runs of its own body
+        (``_split_class``), so the parser never holds a whole long class at once. With
+        ``keep(class_node, statement)``, such a class keeps only the body statements that
+        ``keep`` accepts (its other attributes, line and column included, are the whole
+        file's): a probe that looks up one method keeps that method, not the class."""
         if self._body is not None:
             yield len(self.flashfix_text), self._body
             return
@@ -88,10 +95,29 @@ class Module(ast.Module):
             line += text.count("\n", at, match.start())
             at = match.start()
             cuts.append((at, line))
+        lines = line + text.count("\n", at)
+
+        def long_class(at, line, k):  # may the statement at ``at`` be a class longer than CHUNK_LINES?
+            if not _CLASS.match(text, at):
+                return False
+            if text.startswith("@", at):  # its decorators, then its own line
+                while k < len(cuts) and text.startswith("@", cuts[k][0]):
+                    k += 1
+                k += 1
+            return (cuts[k][1] if k < len(cuts) else lines) - line > CHUNK_LINES
+
         start, line, k = 0, 1, 0
         while start < len(text):
-            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES:
+            while k < len(cuts) and cuts[k][1] <= line:
                 k += 1
+            if long_class(start, line, k):
+                split = _split_class(text, origin, start, line, cuts[k:], keep)
+                if split is not None:  # one long class, read in runs of its body
+                    node, start, line = split
+                    yield start, [node]
+                    continue
+            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES and not long_class(*cuts[k], k + 1):
+                k += 1  # a run ends before a long class, which is read in runs of its own
             for attempt in range(4):
                 end, next_line = cuts[k] if k < len(cuts) and attempt < 3 else (len(text), None)
                 try:
@@ -103,6 +129,80 @@ class Module(ast.Module):
                     k += 1
             yield end, run
             start, line = end, next_line
+
+
+CLASS_CHUNK_LINES = 100  # a run of a long class's body statements parsed at once holds at least this many lines
+
+
+def _split_class(text, origin, start, line, ends, keep):
+    """``(class_node, end, next_line)``: the class whose statement starts at offset ``start``
+    (line ``line``), read in runs of its body statements, and where it ends (one of ``ends``,
+    the ``(offset, line)`` of later lines at column 0 that may start a top-level statement);
+    None where the statement is not a class read that way (the caller parses it whole).
+
+    Sound for the same reason as a module's runs: each run parsed completely, so it does
+    not end inside a string, brackets or a backslash continuation, and the next line, at
+    the body's own indentation (checked against the first body statement, as the parser
+    read it) and no ``else``-like clause, starts a statement of the class body, exactly as
+    in the whole file; a run that ends before one of ``ends`` ends the class there. A body
+    run is parsed under an ``if 1:`` line placed just above it, so every line and column is
+    the file's; it must give that one ``if`` and nothing else (a statement at column 0
+    would end the class, an ``else:`` would join the ``if``)."""
+    first = text.find("\n", start) + 1
+    indent = re.compile(r"^([ \t\f]+)(?=[^\s#)\]}])", re.M).search(text, first) if first else None
+    if indent is None:
+        return None
+    prefix = indent.group(1)
+    cut = re.compile(r"^%s(?![\s#)\]}]|(?:else|elif|except|finally)\b)" % re.escape(prefix), re.M)
+    cuts, at, n = [], start, line
+    for match in cut.finditer(text, first):
+        n += text.count("\n", at, match.start())
+        at = match.start()
+        cuts.append((at, n, False))
+    cuts = sorted(cuts + [(at, n, True) for at, n in ends]) + [(len(text), None, True)]
+    node, last, at, n, j = None, None, start, line, 0
+    while True:
+        while j < len(cuts) - 1 and cuts[j][1] < n + CLASS_CHUNK_LINES and not cuts[j][2]:
+            j += 1
+        try:
+            if node is None:  # the header run: one class, its body at ``prefix``
+                run = ast.parse("\n" * (line - 1) + text[start:cuts[j][0]], filename=origin).body
+            else:
+                wrapped = ast.parse("\n" * (n - 2) + "if 1:\n" + text[at:cuts[j][0]], filename=origin).body
+                if len(wrapped) != 1 or not isinstance(wrapped[0], ast.If) or wrapped[0].orelse:
+                    return None
+                run = wrapped[0].body
+        except (SyntaxError, ValueError):
+            if j == len(cuts) - 1:
+                return None  # parsed whole by the caller
+            grow = cuts[j][1] + max(CLASS_CHUNK_LINES, cuts[j][1] - n)  # twice as long a run, or more
+            j += 1
+            while j < len(cuts) - 1 and cuts[j][1] < grow and not cuts[j][2]:
+                j += 1
+            continue
+        if node is None:
+            if len(run) != 1 or not isinstance(run[0], ast.ClassDef):
+                return None
+            node, run = run[0], run[0].body
+            body_line = text[_line_start(text, start, line, run[0].lineno):]
+            if not body_line.startswith(prefix) or run[0].col_offset != len(prefix):
+                return None  # ``prefix`` is not the indentation of the class body
+            node.body = []
+        last = run[-1]
+        node.body.extend(s for s in run if keep is None or keep(node, s))
+        at, n, top = cuts[j]
+        if top:  # a run that parsed ends before a line at column 0: the class ends there
+            node.end_lineno, node.end_col_offset = last.end_lineno, last.end_col_offset
+            return node, at, n
+        j += 1
+
+
+def _line_start(text, at, line, target):
+    """The offset of line ``target`` in ``text``, counting from offset ``at`` of line ``line``."""
+    while line < target:
+        at = text.index("\n", at) + 1
+        line += 1
+    return at
 
 
 def parse_text(text, origin):
@@ -153,7 +253,11 @@ def find_def(tree, qualname):
         if any(part not in text for part in parts):  # no definition can bind a name never spelled
             return None
         statements = []
-        for end, run in tree.runs():  # the statements that bind the name, up to its last spelling
+        if len(parts) > 1:  # of a long class, only the statements that bind the member are kept
+            keep = lambda cls, statement: cls.name == parts[0] and _binds(statement, parts[1])  # noqa: E731
+        else:
+            keep = lambda cls, statement: cls.name == parts[0]  # noqa: E731
+        for end, run in tree.runs(keep):  # the statements that bind the name, up to its last spelling
             statements.extend(s for s in run if _binds(s, parts[0]))
             if text.find(parts[0], end) < 0:
                 break
@@ -327,7 +431,9 @@ def _def_node(func, tree=None):
     code = func.__code__
     if tree is None:
         tree = parse_text(*function_source(func))
-    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    line = code.co_firstlineno
+    runs = tree.runs(lambda cls, s: _first_line(s) <= line <= s.end_lineno) if isinstance(tree, Module) \
+        else [(None, tree.body)]
     for _, run in runs:  # only the statements that hold the function's first line are walked
         for statement in run:
             if statement.lineno <= code.co_firstlineno <= statement.end_lineno:
@@ -337,6 +443,10 @@ def _def_node(func, tree=None):
                         if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
                             return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
+
+
+def _first_line(statement):
+    return min([statement.lineno] + [d.lineno for d in getattr(statement, "decorator_list", ())])
 
 
 def _top_level_imports(tree):
@@ -350,7 +460,7 @@ def _top_level_imports(tree):
 
 
 def _imports_of(tree):
-    runs = tree.runs() if isinstance(tree, Module) else [(None, tree.body)]
+    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
     names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
     while stack:
         node = stack.pop()
