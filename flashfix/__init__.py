@@ -20,16 +20,17 @@ real loader to everything but ``type()`` (``isinstance``, equality, ``__dict__``
 pickle of it is the real loader) and puts the real loader back on the module and its spec.
 A module already imported gets its callbacks at once; a reload runs them again.
 
-A module still being imported when a callback is registered (flashfix activated from inside
-its import, by a plugin loader, or in another thread) gets them when its import ends, in the
-thread that imports it: the import system's last step sets ``spec._initializing = False``, and
-that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
-calls back (see ``_watch``). That runs under the module's own import lock only, never under the
-global import lock, and an exception raised there is raised by that import. Nothing is ever
-decided, probed or imported from a finder. A callback that raises is contained (reported
-through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
-fail loudly; under strict mode any failure of a callback does.
+The rest of this module's documentation is the comment block below.
 """
+# A module still being imported when a callback is registered (flashfix activated from inside
+# its import, by a plugin loader, or in another thread) gets them when its import ends, in the
+# thread that imports it: the import system's last step sets ``spec._initializing = False``, and
+# that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
+# calls back (see ``_watch``). That runs under the module's own import lock only, never under the
+# global import lock, and an exception raised there is raised by that import. Nothing is ever
+# decided, probed or imported from a finder. A callback that raises is contained (reported
+# through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
+# fail loudly; under strict mode any failure of a callback does.
 
 import _imp
 import _thread  # not threading: threading pulls functools and collections into every start

@@ -26,40 +26,41 @@ How
     for instances of the sink wrapper whose name has FlashInfer's sink prefix, and keeps a
     per-process table name -> configuration:
 
-    * the first configuration to use a name keeps it, so the kernel a warm cache already
-      holds under that name is still the one used;
-    * the same configuration again gets the same name;
-    * a different configuration under a taken name gets a name of its own, the original
-      with the KV dtype, output dtype and head dims appended (and the position-encoding
-      mode / fp16-QK flag when they are not the defaults), and one WARNING is logged per
-      such configuration.
-
-    With JIT disabled (``FLASHINFER_DISABLE_JIT`` set to any non-empty value, as FlashInfer
-    reads it) a renamed kernel can only be loaded if it was built ahead of time under that
-    name. If it was not, flashfix raises ``SinkKernelUnavailableError`` naming both
-    configurations instead of FlashInfer's generic "missing from the JIT cache" error; it
-    never falls back to the colliding name, whose kernel is the wrong one.
-
-Upstream status
-    No upstream PR was found, and FlashInfer releases up to and including 0.7.2.post1 name
-    the kernel without the KV dtype or head dims. FlashInfer 0.7.4 (the next release on
-    PyPI) builds the name from the q dtype, KV dtype, both head dims, the position-encoding
-    mode, the fp16-QK flag, the sliding-window flag and the backend, which is this fix;
-    the shape probe reports that code as fixed upstream.
-
-Affected versions
-    Every ``flashinfer-python`` release that has the sink wrapper up to 0.7.2.post1
-    (0.6.8.post1, 0.6.12, 0.6.15.post1, 0.6.16.post3, 0.6.17 and 0.7.2.post1 were read).
-    Releases without the class are reported as not affected.
-
-Why not a semantic patch (``flashfix.semantic``)
-    The fix is not an edit of FlashInfer's code: a name chosen per process from the
-    configurations already built (a table, a warning, a JIT-disabled error) can only be
-    written in Python, around the installed ``__init__``.
-
-Delete when
-    Every supported vLLM and SGLang release requires flashinfer-python >= 0.7.4.
+The rest of this module's documentation is the comment block below.
 """
+#     * the first configuration to use a name keeps it, so the kernel a warm cache already
+#       holds under that name is still the one used;
+#     * the same configuration again gets the same name;
+#     * a different configuration under a taken name gets a name of its own, the original
+#       with the KV dtype, output dtype and head dims appended (and the position-encoding
+#       mode / fp16-QK flag when they are not the defaults), and one WARNING is logged per
+#       such configuration.
+#
+#     With JIT disabled (``FLASHINFER_DISABLE_JIT`` set to any non-empty value, as FlashInfer
+#     reads it) a renamed kernel can only be loaded if it was built ahead of time under that
+#     name. If it was not, flashfix raises ``SinkKernelUnavailableError`` naming both
+#     configurations instead of FlashInfer's generic "missing from the JIT cache" error; it
+#     never falls back to the colliding name, whose kernel is the wrong one.
+#
+# Upstream status
+#     No upstream PR was found, and FlashInfer releases up to and including 0.7.2.post1 name
+#     the kernel without the KV dtype or head dims. FlashInfer 0.7.4 (the next release on
+#     PyPI) builds the name from the q dtype, KV dtype, both head dims, the position-encoding
+#     mode, the fp16-QK flag, the sliding-window flag and the backend, which is this fix;
+#     the shape probe reports that code as fixed upstream.
+#
+# Affected versions
+#     Every ``flashinfer-python`` release that has the sink wrapper up to 0.7.2.post1
+#     (0.6.8.post1, 0.6.12, 0.6.15.post1, 0.6.16.post3, 0.6.17 and 0.7.2.post1 were read).
+#     Releases without the class are reported as not affected.
+#
+# Why not a semantic patch (``flashfix.semantic``)
+#     The fix is not an edit of FlashInfer's code: a name chosen per process from the
+#     configurations already built (a table, a warning, a JIT-disabled error) can only be
+#     written in Python, around the installed ``__init__``.
+#
+# Delete when
+#     Every supported vLLM and SGLang release requires flashinfer-python >= 0.7.4.
 
 import ast
 import functools

@@ -24,19 +24,20 @@ bindings (e.g. a sibling call's arguments) serve ``after``.
 
 Derived from the one declaration, anchored to ``module`` and the qualified ``function``:
 
-* the probe: ``after`` present -> fixed-upstream; ``before`` present once (and ``where`` binds)
-  -> patch; the function absent, or the word ``absent_unless_mentioned`` nowhere in the module
-  -> not-affected; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-  ``buggy`` are optional reason texts (``str.format``: ``{line}`` and the metavariables);
-* the runtime edit and ``flashfix diff``'s plan: the function recompiled from its own source
-  with that node replaced (``_registry.rewrite``, a one-time marker before it);
-* ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests.
-
-``doc`` says why, how, and (required) ``Delete when:``. What a pattern cannot say is written as
-a plain ``Patch`` with its own ``probe``/``prepare``/``plan``, its doc saying why. Matching uses
-the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst
-250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
+The rest of this module's documentation is the comment block below.
 """
+# * the probe: ``after`` present -> fixed-upstream; ``before`` present once (and ``where`` binds)
+#   -> patch; the function absent, or the word ``absent_unless_mentioned`` nowhere in the module
+#   -> not-affected; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
+#   ``buggy`` are optional reason texts (``str.format``: ``{line}`` and the metavariables);
+# * the runtime edit and ``flashfix diff``'s plan: the function recompiled from its own source
+#   with that node replaced (``_registry.rewrite``, a one-time marker before it);
+# * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests.
+#
+# ``doc`` says why, how, and (required) ``Delete when:``. What a pattern cannot say is written as
+# a plain ``Patch`` with its own ``probe``/``prepare``/``plan``, its doc saying why. Matching uses
+# the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst
+# 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 
 import ast
 import copy

@@ -15,79 +15,81 @@ Why
     our own measurement, see shared notes). The same holds on any GPU that ``supports_sink``
     admits with a decode-only gate (from 0.30.0 upstream admits SM90 that way too).
 
-How
-    One patch, three changes, prepared together and applied together or not at all:
-
-    A. ``FlashInferMetadataBuilder._get_prefill_wrapper`` gets new code (``_registry.rewrite``:
-       the factory's own source, edited as an AST, compiled and swapped into the same function
-       object). Each ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(workspace, layout,
-       backend=...)`` statement (the causal and the non-causal slot) becomes
-       ``if self.has_sinks and <GPUs>: <build the sink wrapper into the same slot> else: <the
-       statement as it was>``. The sink wrapper gets the workspace and layout arguments as the
-       very expressions, positional or keyword, that this build passes to the generic wrapper
-       (``get_kv_cache_layout()`` in 0.28-era code, ``get_flashinfer_layout_string(
-       self.kv_cache_layout)`` from 0.29), plus what it needs at construction: the prefill
-       query dtype, the KV-cache dtype, the head dim and the sliding window. ``<GPUs>`` is the
-       build's own capability test, read from its ``supports_sink``: the tests of its gates
-       that admit sinks without requiring ``supports_trtllm_attention(is_prefill=True)``, i.e.
-       the GPUs where it serves sinks while prefill runs the generic wrapper (family 120 in
-       0.28/0.29-era code, SM90 or family 120 in 0.30-era code; SM100, whose gate requires
-       trtllm-gen prefill, applies sinks there and is left alone). The GPU is asked only while
-       the slot is empty, as before. An NVFP4 KV cache on the sink branch raises a
-       ``NotImplementedError`` saying why (the sink wrapper cannot read NVFP4).
-    B. ``FlashInferImpl.forward`` gets new code the same way: the generic
-       ``prefill_wrapper.run(..., sinks=...)`` statement becomes a dispatch on the wrapper's
-       type. The sink wrapper is run with the sinks as a positional argument and the q and k
-       scales (the call's own ``q_scale``/``k_scale`` expressions) folded into the softmax
-       scale; the generic wrapper is run as before, without the ignored ``sinks=`` keyword.
-       Cost per call: one ``isinstance`` and one global lookup.
-    C. The pre-fix module does not import ``BatchAttentionWithAttentionSinkWrapper``; the
-       name is added to the module's globals (taken from ``flashinfer``), which A and B look up.
-
-    Both rewritten functions carry a one-time marker: ``ran`` in ``flashfix.status()`` turns
-    true when a sink wrapper is first built. ``flashfix.revert()`` puts the original code back
-    into the same function objects and removes the global. The result is what upstream PR
-    #52148 does, written independently here. The sink wrapper is a subclass of the generic
-    one, so vLLM's ``plan()`` call and the assertions in ``forward`` accept it unchanged.
-
-    Refused (``unknown-shape``, engine untouched, the reason given) when ``supports_sink`` has
-    a statement other than local imports and ``if TEST: return ...`` gates, when a gate that
-    admits sinks with a generic prefill tests anything but ``P.is_device_capability(N)`` /
-    ``P.is_device_capability_family(N)`` (joined by ``or``) of a module global, when it ends
-    in a return that admits sinks with a generic prefill on GPUs no test names, when the
-    factory builds the generic wrapper other than as ``self.<slot> = ...(workspace, layout[,
-    backend=])`` once per slot, or when ``forward``'s generic run is not the one statement of
-    the known form; also when the loaded code differs from the file, or the installed
-    FlashInfer has no sink wrapper subclassing the generic one.
-
-Upstream
-    https://github.com/vllm-project/vllm/pull/52148 (merged 2026-08-13, first release
-    0.28.0; 0.30.0 widened the same branch to SM90).
-
-Affected versions
-    No PyPI release: 0.27.1 and older do not serve sinks with FlashInfer on SM12x
-    (``supports_sink`` admits SM100 only, with trtllm-gen prefill), 0.28.0 and later carry the
-    fix. Affected are builds from vLLM's main branch between #49718 and #52148: nightly
-    wheels and vendor containers, which report dev versions such as ``0.27.2.devN+g<sha>`` or
-    ``0.28.0.devN``, and forks or backport branches that carry a later release's code without
-    #52148. The range ``>=0.27.0.dev0`` has no upper bound on purpose: the shape probe only
-    answers "patch" when all pre-fix facts hold at once (``supports_sink`` admits sinks on some
-    GPU with a generic prefill, the factory has no sink branch, ``forward`` passes ``sinks=``
-    to the generic ``run``), and in that shape the change is correct whatever the version
-    string says. Tested on that shape derived from 0.28.0, 0.29.0, 0.30.0 and 0.33.0 by
-    reverting #52148 in each (tests/test_vllm_real.py). Releases with the fix are recognised
-    by shape and left alone.
-
-Why not a semantic patch (``flashfix.semantic``)
-    The GPUs to fix are read from the build's own ``supports_sink`` (a procedural reading of
-    its gates), the factory's edit is once per wrapper slot with the release's own workspace and
-    layout expressions, and ``prepare`` checks the installed FlashInfer class: more than one
-    before -> after pair can say. The shape and edits stay hand-written.
-
-Delete when
-    The oldest vLLM that flashfix supports is 0.28.0 or later, or no supported deployment
-    runs a main-branch build from before 2026-08-13 (nor a fork without #52148).
+The rest of this module's documentation (how, upstream, affected versions, when to delete) is
+the comment block below.
 """
+# How
+#     One patch, three changes, prepared together and applied together or not at all:
+#
+#     A. ``FlashInferMetadataBuilder._get_prefill_wrapper`` gets new code (``_registry.rewrite``:
+#        the factory's own source, edited as an AST, compiled and swapped into the same function
+#        object). Each ``self.<slot> = BatchPrefillWithPagedKVCacheWrapper(workspace, layout,
+#        backend=...)`` statement (the causal and the non-causal slot) becomes
+#        ``if self.has_sinks and <GPUs>: <build the sink wrapper into the same slot> else: <the
+#        statement as it was>``. The sink wrapper gets the workspace and layout arguments as the
+#        very expressions, positional or keyword, that this build passes to the generic wrapper
+#        (``get_kv_cache_layout()`` in 0.28-era code, ``get_flashinfer_layout_string(
+#        self.kv_cache_layout)`` from 0.29), plus what it needs at construction: the prefill
+#        query dtype, the KV-cache dtype, the head dim and the sliding window. ``<GPUs>`` is the
+#        build's own capability test, read from its ``supports_sink``: the tests of its gates
+#        that admit sinks without requiring ``supports_trtllm_attention(is_prefill=True)``, i.e.
+#        the GPUs where it serves sinks while prefill runs the generic wrapper (family 120 in
+#        0.28/0.29-era code, SM90 or family 120 in 0.30-era code; SM100, whose gate requires
+#        trtllm-gen prefill, applies sinks there and is left alone). The GPU is asked only while
+#        the slot is empty, as before. An NVFP4 KV cache on the sink branch raises a
+#        ``NotImplementedError`` saying why (the sink wrapper cannot read NVFP4).
+#     B. ``FlashInferImpl.forward`` gets new code the same way: the generic
+#        ``prefill_wrapper.run(..., sinks=...)`` statement becomes a dispatch on the wrapper's
+#        type. The sink wrapper is run with the sinks as a positional argument and the q and k
+#        scales (the call's own ``q_scale``/``k_scale`` expressions) folded into the softmax
+#        scale; the generic wrapper is run as before, without the ignored ``sinks=`` keyword.
+#        Cost per call: one ``isinstance`` and one global lookup.
+#     C. The pre-fix module does not import ``BatchAttentionWithAttentionSinkWrapper``; the
+#        name is added to the module's globals (taken from ``flashinfer``), which A and B look up.
+#
+#     Both rewritten functions carry a one-time marker: ``ran`` in ``flashfix.status()`` turns
+#     true when a sink wrapper is first built. ``flashfix.revert()`` puts the original code back
+#     into the same function objects and removes the global. The result is what upstream PR
+#     #52148 does, written independently here. The sink wrapper is a subclass of the generic
+#     one, so vLLM's ``plan()`` call and the assertions in ``forward`` accept it unchanged.
+#
+#     Refused (``unknown-shape``, engine untouched, the reason given) when ``supports_sink`` has
+#     a statement other than local imports and ``if TEST: return ...`` gates, when a gate that
+#     admits sinks with a generic prefill tests anything but ``P.is_device_capability(N)`` /
+#     ``P.is_device_capability_family(N)`` (joined by ``or``) of a module global, when it ends
+#     in a return that admits sinks with a generic prefill on GPUs no test names, when the
+#     factory builds the generic wrapper other than as ``self.<slot> = ...(workspace, layout[,
+#     backend=])`` once per slot, or when ``forward``'s generic run is not the one statement of
+#     the known form; also when the loaded code differs from the file, or the installed
+#     FlashInfer has no sink wrapper subclassing the generic one.
+#
+# Upstream
+#     https://github.com/vllm-project/vllm/pull/52148 (merged 2026-08-13, first release
+#     0.28.0; 0.30.0 widened the same branch to SM90).
+#
+# Affected versions
+#     No PyPI release: 0.27.1 and older do not serve sinks with FlashInfer on SM12x
+#     (``supports_sink`` admits SM100 only, with trtllm-gen prefill), 0.28.0 and later carry the
+#     fix. Affected are builds from vLLM's main branch between #49718 and #52148: nightly
+#     wheels and vendor containers, which report dev versions such as ``0.27.2.devN+g<sha>`` or
+#     ``0.28.0.devN``, and forks or backport branches that carry a later release's code without
+#     #52148. The range ``>=0.27.0.dev0`` has no upper bound on purpose: the shape probe only
+#     answers "patch" when all pre-fix facts hold at once (``supports_sink`` admits sinks on some
+#     GPU with a generic prefill, the factory has no sink branch, ``forward`` passes ``sinks=``
+#     to the generic ``run``), and in that shape the change is correct whatever the version
+#     string says. Tested on that shape derived from 0.28.0, 0.29.0, 0.30.0 and 0.33.0 by
+#     reverting #52148 in each (tests/test_vllm_real.py). Releases with the fix are recognised
+#     by shape and left alone.
+#
+# Why not a semantic patch (``flashfix.semantic``)
+#     The GPUs to fix are read from the build's own ``supports_sink`` (a procedural reading of
+#     its gates), the factory's edit is once per wrapper slot with the release's own workspace and
+#     layout expressions, and ``prepare`` checks the installed FlashInfer class: more than one
+#     before -> after pair can say. The shape and edits stay hand-written.
+#
+# Delete when
+#     The oldest vLLM that flashfix supports is 0.28.0 or later, or no supported deployment
+#     runs a main-branch build from before 2026-08-13 (nor a fork without #52148).
 
 import ast
 import copy

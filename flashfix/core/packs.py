@@ -23,13 +23,14 @@ another pack) or repeated, none of its patches is registered, and one problem li
 distribution and the entry point. The registry logs it, and under ``FLASHFIX_STRICT=1`` the
 engine's import fails with ``PatchError``.
 
-Another environment (``flashfix doctor --path``/``--python``): the packs installed *there* are
-listed from that environment's metadata (``entry_points.txt`` of the distributions in the
-folders or wheel read; for ``--python`` the other interpreter lists them) and imported *here*,
-from the folder (or wheel) that holds their module, through a temporary ``sys.path`` entry,
-so their declarations are judged by this flashfix. flashfix's own entries there are skipped:
-this copy's patches are the ones judged.
+The rest of this module's documentation is the comment block below.
 """
+# Another environment (``flashfix doctor --path``/``--python``): the packs installed *there* are
+# listed from that environment's metadata (``entry_points.txt`` of the distributions in the
+# folders or wheel read; for ``--python`` the other interpreter lists them) and imported *here*,
+# from the folder (or wheel) that holds their module, through a temporary ``sys.path`` entry,
+# so their declarations are judged by this flashfix. flashfix's own entries there are skipped:
+# this copy's patches are the ones judged.
 
 import importlib
 import os
