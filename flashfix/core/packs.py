@@ -59,11 +59,16 @@ def _own():
 
 
 def _merge(listed):
-    """flashfix's own entries first (listed or built in: its ids win over a pack's), then the
-    other packs in the metadata's order."""
+    """flashfix's own entries first (listed or built in: its ids win over a pack's), in
+    ``PATCH_MODULES`` order whatever order the metadata lists them in (so the doctor's rows are
+    the same from an installed flashfix and from a source checkout), then the other packs in the
+    metadata's order."""
     own = [e for e in listed if e.dist is not None and _normal(e.dist) == OWN]
     values = {e.value for e in own}
-    return own + [e for e in _own() if e.value not in values] + [e for e in listed if e not in own]
+    order = {module: i for i, module in enumerate(flashfix.PATCH_MODULES.values())}
+    ours = sorted(own + [e for e in _own() if e.value not in values],
+                  key=lambda e: order.get(e.value.split(":", 1)[0].strip(), len(order)))
+    return ours + [e for e in listed if e not in own]
 
 
 def _normal(name):
