@@ -40,8 +40,13 @@ The rest of this module's documentation is the comment block below.
 # 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 
 import ast
+import builtins
 import copy
+import functools
+import importlib
+import re
 
+from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
@@ -142,37 +147,51 @@ def _match_call(p, t, b):
     return _bind(rest, extra, b) if rest is not None else not extra
 
 
-def find(p, scopes):
-    """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches."""
+def find(p, scopes, given=None):
+    """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
+    starting from ``given``."""
     found = []
     for scope in scopes:
         for node in ast.walk(scope):
-            b = {}
+            b = dict(given or {})
             if match(p, node, b) and all(node is not n for n, _ in found):
                 found.append((node, b))
     return found
 
 
-def build(template, b):
-    """A new node: ``template`` with its metavariables replaced by copies of their bindings."""
-    node = copy.deepcopy(template)
-    name = _meta(node)
+def _spliced(item, b):
+    """The statements or items a list entry of a template stands for: ``$$$X``, or a
+    statement ``$X`` bound to a statement (``$RAN``, the one-time marker); else None."""
+    many = _meta(item, MANY)
+    if many is not None:
+        return b[many]
+    one = _meta(item.value) if isinstance(item, ast.Expr) else None
+    return [b[one]] if one is not None and isinstance(b.get(one), ast.stmt) else None
+
+
+def build(template, b, at=None):
+    """A new node: ``template`` with its metavariables replaced by copies of their bindings;
+    the template's own nodes get the position of ``at`` when given."""
+    name = _meta(template)
     if name is not None:
         return copy.deepcopy(b[name])
-    for field, value in ast.iter_fields(node):
+    node = copy.copy(template)
+    for field, value in ast.iter_fields(template):
         if isinstance(value, list):
             out = []
             for item in value:
-                many = _meta(item, MANY)
-                if many is not None:
-                    out.extend(copy.deepcopy(b[many]))
+                spliced = _spliced(item, b) if isinstance(item, ast.AST) else None
+                if spliced is not None:
+                    out.extend(copy.deepcopy(spliced))
                 else:
-                    out.append(build(item, b) if isinstance(item, ast.AST) else item)
+                    out.append(build(item, b, at) if isinstance(item, ast.AST) else item)
             setattr(node, field, out)
         elif isinstance(value, ast.AST):
-            setattr(node, field, build(value, b))
+            setattr(node, field, build(value, b, at))
         elif isinstance(value, str) and value.startswith(ONE):
             setattr(node, field, b[value[len(ONE):]])
+    if at is not None and "lineno" in node._attributes:
+        ast.copy_location(node, at)
     return node
 
 
@@ -224,54 +243,87 @@ def function_at(module, qualname):
 
 
 class Rule:
-    """The compiled patterns of one declaration, and what is derived from them."""
+    """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function``, the
+    compiled patterns and what is derived from them. ``fixed_if``: patterns whose presence means
+    the fix is in (default: ``after``; give them when upstream's fix is not ``after``'s form);
+    ``constraints``: ``{metavariable: regex}`` its code (each item's, for ``$$$X``) must match;
+    ``every``: replace every match of ``before`` (at least one), not exactly one. ``$SELF`` is the
+    function's first parameter; ``$RAN``, a statement of ``after``, places the one-time marker."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
-                 fixed=None, buggy=None):
+                 fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
         self.module, self.function = module, function
-        self.before, self.after = pattern(before), pattern(after)
+        self.after, before = pattern(after), pattern(before)
+        self.before = ast.Expr(before) if isinstance(self.after, ast.stmt) and isinstance(before, ast.expr) else before
         self.where = pattern(where) if where else None
         self.inside = pattern(inside) if inside else None
         self.word = absent_unless_mentioned
-        self.fixed = fixed or "%s has the fixed form `%s`" % (function, after.strip())
-        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, before.strip())
+        self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
+        self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
+        self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
+        self.every = every
+        self.fixed = fixed or "%s has the fixed form `{form}`" % function
+        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, before_text(before))
 
     def _scopes(self, func):
         return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]
 
-    def site(self, func, tree=None):
-        """``((node, bindings) or None, Shape)`` for the def node ``func`` (None: not there)."""
+    def _given(self, func, given=None):
+        args = func.args.posonlyargs + func.args.args
+        return dict(given or {}, **({"SELF": ast.Name(args[0].arg, ast.Load())} if args else {}))
+
+    def fixed_form(self, func):
+        """The fixed-upstream Shape if ``func`` has a ``fixed_if`` form, else None."""
+        for form in self.fixed_if:
+            found = find(form, self._scopes(func), self._given(func))
+            if found:
+                return Shape(FIXED, self._say(self.fixed, func, *found[0], form=_show(form)))
+        return None
+
+    def _allowed(self, b):
+        return next(("$%s is `%s`, not `%s`" % (k, _text(item), r.pattern) for k, r in self.constraints.items()
+                     for item in (b[k] if isinstance(b.get(k), list) else [b.get(k)])
+                     if not r.fullmatch(_text(item))), None)
+
+    def site(self, func, tree=None, given=None):
+        """``([(node, bindings)] or None, Shape)`` for the def node ``func`` (None: not there)."""
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return None, Shape(ABSENT, "%s has no function %s" % (self.module, self.function))
-        scopes = self._scopes(func)
-        fixed = find(self.after, scopes)
-        if fixed:
-            return None, Shape(FIXED, self._say(self.fixed, *fixed[0]))
-        found = find(self.before, scopes)
-        if len(found) > 1:
+        fixed = self.fixed_form(func)
+        if fixed is not None:
+            return None, fixed
+        scopes, given = self._scopes(func), self._given(func, given)
+        found = find(self.before, scopes, given)
+        refused = [(n, self._allowed(b)) for n, b in found if self._allowed(b)]
+        found = [(n, b) for n, b in found if not self._allowed(b)]
+        if len(found) > 1 and not self.every:
             return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
                 _show(self.before), self.function, len(found), ", ".join(str(n.lineno) for n, _ in found)))
         if not found:
+            if refused:
+                return None, Shape(UNKNOWN, "`%s` at line %d is not the pre-fix form: %s" % (
+                    _text(refused[0][0])[:80], refused[0][0].lineno, refused[0][1]))
             return None, self._missing(func, scopes, tree)
-        node, b = found[0]
-        if self.where is not None:
-            context = find(self.where, [func])
-            if len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items()):
-                return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
-                    _show(self.before), node.lineno, self.function, len(context), _show(self.where),
-                    "whose bindings differ" if len(context) == 1 else "(expected one)"))
-        twice = [k.arg for c in ast.walk(build(self.after, b)) if isinstance(c, ast.Call)
-                 for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
-        if twice:
-            return None, Shape(UNKNOWN, "`%s` (line %d) already passes %s" % (
-                _text(node)[:80], node.lineno, ", ".join(twice)))
-        return (node, b), Shape(BUGGY, self._say(self.buggy, node, b))
+        for node, b in found:
+            if self.where is not None:
+                context = find(self.where, [func], given)
+                if len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items()):
+                    return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
+                        _show(self.before), node.lineno, self.function, len(context), _show(self.where),
+                        "whose bindings differ" if len(context) == 1 else "(expected one)"))
+            twice = [k.arg for c in ast.walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
+                     for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
+            if twice:
+                return None, Shape(UNKNOWN, "`%s` (line %d) already passes %s" % (
+                    _text(node)[:80], node.lineno, ", ".join(twice)))
+        return found, Shape(BUGGY, self._say(self.buggy, func, *found[0]))
 
-    def _say(self, text, node, b):
-        return text.format(line=node.lineno, **{k: _text(v) for k, v in b.items()})
+    def _say(self, text, func, node, b, **more):
+        values = dict({k: _text(v) for k, v in b.items()}, **more)
+        return text.format(line=node.lineno, name=func.name, **values)
 
     def _missing(self, func, scopes, tree):
-        if self.word and tree is not None and not any(self.word in w for n in ast.walk(tree) for w in words(n)):
+        if self.word and tree is not None and _mention(tree, self.word) is None:
             owner = _source.find_def(tree, self.function.split(".")[0]) if "." in self.function else None
             if isinstance(owner, ast.ClassDef) and (owner.keywords or any(
                     not (isinstance(base, ast.Name) and base.id == "object") for base in owner.bases)):
@@ -279,7 +331,7 @@ class Rule:
                              % (self.module, self.word, owner.name))
             return Shape(ABSENT, "%s has no %s in this release (%s never assigns or mentions it)" % (
                 owner.name if owner is not None else self.module, self.word, self.module))
-        p = self.before
+        p = self.before.value if isinstance(self.before, ast.Expr) else self.before
         near = [n for s in scopes for n in ast.walk(s) if type(n) is type(p)
                 and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
         where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
@@ -306,40 +358,201 @@ class Rule:
         tree = trees[self.module]
         return self.site(_source.find_def(tree, self.function), tree)[1]
 
-    def edit(self, func_def, mark):
-        """The runtime edit (also ``flashfix diff``'s): the one pre-fix node becomes ``after``."""
-        found, shape = self.site(func_def)
+    def edit(self, func_def, mark, given=None, names=None):
+        """The runtime edit (also ``flashfix diff``'s): each pre-fix node becomes ``after``, with
+        the marker at ``$RAN`` or before the edited statement. ``names`` collects the names the
+        new code reads that the function does not bind (they must be globals)."""
+        found, shape = self.site(func_def, None, given)
         if shape.kind != BUGGY:
             raise ShapeError(shape.reason)
-        node, b = found
-        new = build(self.after, b)
-        _source.replace_node(func_def, node, new)
-        _source.insert_before(func_def, new, mark)
+        for number, (node, b) in enumerate(found):
+            new = build(self.after, dict(b, RAN=mark if number == 0 else copy.deepcopy(mark)), at=node)
+            _source.replace_node(func_def, node, new)
+            if not any(n is mark for n in ast.walk(new)) and number == 0:
+                _source.insert_before(func_def, new, mark)
+            if names is not None:
+                names.update(_free_names(new, func_def))
+        ast.fix_missing_locations(func_def)
 
 
-def Backport(*, id, engine, module, function, before, after, versions, upstream, fixed_in, summary, doc,  # noqa: N802
-             where=None, inside=None, absent_unless_mentioned=None, fixed=None, buggy=None):
-    """A declarative backport (see the module docstring), as a registry ``Patch``."""
+def before_text(node):
+    return _show(node.value if isinstance(node, ast.Expr) else node)
+
+
+def _free_names(new, func):
+    """Names ``new`` reads that ``func`` does not bind (parameters, assignments, imports)."""
+    bound = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
+    for n in ast.walk(func):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+    return {n.id for n in ast.walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.id not in bound and not hasattr(builtins, n.id) and n.id != _source.MARK_NAME}
+
+
+def _mention(tree, word):
+    """The first node of ``tree`` that spells ``word`` (any case) in a name or string, or None."""
+    return next((n for n in ast.walk(tree) if any(word.lower() in w.lower() for w in words(n))), None)
+
+
+class Declaration:
+    """A backport's hunks, applied together: the probe, the runtime changes and the diff plan."""
+
+    def __init__(self, id, hunks, sites, needs, context, check):
+        self.id, self.hunks, self.needs, self.context, self.check = id, hunks, dict(needs or {}), context, check
+        self.sites = tuple(sites or ((hunks[0].module, hunks[0].function),))
+
+    def targets(self):
+        """The module that defines the first hunk's function (from definitions, read when the
+        engine is imported), or the first site's where none or several do (the probe says why)."""
+        defining = []
+        for modname, qualname in self.sites:
+            found = _locate.find(modname)
+            if found is None or found.text is None:
+                continue
+            try:
+                node = _source.find_def(_source.Module(found.text, found.origin), qualname)
+            except (ShapeError, SyntaxError, ValueError):
+                node = True  # defined, but not readably: the probe says why
+            if node is not None:
+                defining.append(modname)
+        return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
+
+    def shape(self, tree_of):
+        """``(Shape, [(rule, module, qualname, found)], bindings)`` with ``tree_of(module)``
+        giving a module's AST, None or ``SOURCELESS``."""
+        trees, defs = {}, []
+        for modname, qualname in self.sites:
+            tree = trees[modname] = tree_of(modname)
+            node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.append((modname, qualname, node))
+        if len(defs) != 1:
+            return self._absent(trees, defs), None, None
+        located = [(self.hunks[0],) + defs[0]]
+        for rule in self.hunks[1:]:
+            tree = trees.setdefault(rule.module, tree_of(rule.module))
+            node = _source.find_def(tree, rule.function) if isinstance(tree, ast.Module) else None
+            located.append((rule, rule.module, rule.function, node))
+        for rule, _, _, func in located:
+            fixed = rule.fixed_form(func) if func is not None else None
+            if fixed is not None:
+                return fixed, None, None
+        missing = [q for _, _, q, func in located if func is None]
+        if missing:
+            return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None
+        given = {}
+        if self.context is not None:
+            given = self.context(trees[located[0][1]], located[0][3])
+            if isinstance(given, Shape):
+                return given, None, None
+        out, first = [], None
+        for rule, modname, qualname, func in located:
+            found, shape = rule.site(func, trees[modname], given)
+            if shape.kind != BUGGY:
+                return shape, None, None
+            first = first or shape
+            out.append((rule, modname, qualname, found))
+        return first, out, given
+
+    def _absent(self, trees, defs):
+        rule, names = self.hunks[0], " or ".join(sorted({q.rsplit(".", 1)[-1] for _, q in self.sites}))
+        if len(defs) > 1:
+            return Shape(UNKNOWN, "expected one %s, found %s" % (names, ", ".join("%s:%s" % d[:2] for d in defs)))
+        sourceless = [m for m, t in trees.items() if t is _source.SOURCELESS]
+        if sourceless:
+            return Shape(UNKNOWN, "no %s found; the source of %s is not available" % (names, ", ".join(sourceless)))
+        read = [m for m, t in trees.items() if t is not None]
+        said = {m: _mention(trees[m], rule.word) for m in read} if rule.word else {}
+        if not rule.word or any(said.values()):
+            return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "no module", "".join(
+                ", but %s says %r (line %d)" % (m, _first_word(n, rule.word), n.lineno)
+                for m, n in said.items() if n is not None)))
+        missing = [m for m, t in trees.items() if t is None]
+        return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
+            ", ".join(read), names, rule.word, "; no module %s" % ", ".join(missing) if missing else ""))
+
+    def probe(self, trees):
+        return self.shape(lambda m: trees[m] if m in trees else _source.module_ast(m))[0]
+
+    def _plan(self, tree_of):
+        shape, located, given = self.shape(tree_of)
+        if shape.kind != BUGGY:
+            raise ShapeError(shape.reason)
+        return located, given
+
+    def prepare(self, modules):
+        located, given = self._plan(lambda m: _source.module_ast(m, modules))
+        module = modules.get(located[0][1]) or importlib.import_module(located[0][1])
+        if self.check is not None:
+            self.check(module)
+        names, swaps = set(), []
+        for rule, modname, qualname, _ in located:
+            target = modules.get(modname) or importlib.import_module(modname)
+            edit = functools.partial(rule.edit, given=given, names=names)
+            swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+        adds = []
+        for name in sorted(names):
+            if hasattr(module, name):
+                continue
+            source = importlib.import_module(self.needs[name]) if name in self.needs else None
+            if not hasattr(source, name):
+                raise ShapeError("the new code reads %s, which %s does not have%s" % (name, module.__name__, (
+                    " and the installed %s lacks" % self.needs[name]) if name in self.needs else ""))
+            adds.append(_registry.SetAttr(module, name, getattr(source, name)))
+        return adds + swaps
+
+    def plan(self, planner):
+        from flashfix.tools import diff as _diff
+
+        located, given = self._plan(_source.module_ast)
+        names, start = set(), len(planner.changes)
+        for rule, modname, qualname, _ in located:
+            planner.rewrite(modname, qualname, functools.partial(rule.edit, given=given, names=names))
+        swaps, planner.changes[start:] = planner.changes[start:], []
+        modname = located[0][1]
+        for name in sorted(n for n in names if not _diff.binds(modname, n)):
+            if name not in self.needs or not _diff.binds(self.needs[name], name):
+                raise ShapeError("the new code reads %s, which %s does not bind%s" % (name, modname, (
+                    " and the %s read here lacks" % self.needs[name]) if name in self.needs else ""))
+            planner.add_name(modname, name, self.needs[name], name)
+        planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
+
+
+def _first_word(node, word):
+    return next(w for w in words(node) if word.lower() in w.lower())[:50]
+
+
+def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
+             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, **rule):
+    """A declarative backport (see the module docstring), as a registry ``Patch``: one hunk
+    from ``module``/``function``/``before``/``after`` and the ``Rule`` keywords, and/or the
+    ``Rule`` objects ``hunks``, applied together. ``sites``: ``((module, function), ...)`` where
+    the first hunk's function may live, one release layout each; ``needs``: ``{name: module}``
+    for globals the new code reads that the target module may lack (taken from that module);
+    ``context(tree, func)``: a procedural hook for what a pattern cannot say, returning
+    bindings for ``after`` or a Shape that decides; ``check(module)``: raises ShapeError to
+    refuse at apply time, on what only the imported code can tell."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
-    rule = Rule(module, function, before, after, where, inside, absent_unless_mentioned, fixed, buggy)
-
-    def prepare(modules):
-        return [_registry.rewrite(function_at(modules[module], function), rule.edit, id)]
-
-    return Patch(id=id, engine=engine, targets=(module,), versions=versions, upstream=upstream, fixed_in=fixed_in,
-                 delete_when=delete_when, summary=summary, probe=rule.probe, prepare=prepare,
-                 plan=lambda planner: planner.rewrite(module, function, rule.edit), doc=doc, rule=rule)
+    hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
+    decl = Declaration(id, hunks, sites, needs, context, check)
+    return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
+                 upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,
+                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=hunks[0])
 
 
 def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
-    keep their text. ValueError unless ``after`` matches exactly once there."""
+    keep their text. ValueError unless ``after`` is upstream's form and matches exactly once."""
     from flashfix.core import render as _render
 
     rule = getattr(patch, "rule", patch)
+    if not rule.derivable:
+        raise ValueError("%s's after-form is not upstream's (it declares fixed_if): nothing to turn back" % rule.function)
     func = _source.find_def(ast.parse(text), rule.function)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError("%s has no function %s" % (rule.module, rule.function))

@@ -93,7 +93,7 @@ def shape(text, **changes):
 
 
 def test_where_binds_what_after_uses():
-    rule, ((node, b), s) = shape(SOURCE)
+    rule, ([(node, b)], s) = shape(SOURCE)
     assert s.kind == _registry.BUGGY and "line 5" in s.reason
     assert semantic._text(b["K"]) == "layer.ks" and semantic._text(b["V"]) == "layer.vs"
     func = _source.find_def(ast.parse(SOURCE), "Backend.extend")
