@@ -27,12 +27,12 @@ from types import SimpleNamespace
 import flashfix
 import torch
 import sglang.srt.layers.attention.flashinfer_backend as fb
-from flashfix import sglang_patch
+from flashfix import semantic, sglang_patch
 
 ROUNDS, CALLS = %(rounds)d, %(calls)d
 state = {r["id"]: r["state"] for r in flashfix.status()}
 assert state["sglang-fp8-kv-scales"] == "applied", state
-func = sglang_patch._own_function(fb.FlashInferAttnBackend, "forward_extend", fb)
+func = semantic._own_function(fb.FlashInferAttnBackend, "forward_extend", fb)
 
 HEADS, KV_HEADS, DIM, TOKENS = 8, 2, 64, 16
 out = torch.zeros(TOKENS, HEADS, DIM)

@@ -262,6 +262,7 @@ class Rule:
         self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
+        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
         self.fixed = fixed or "%s has the fixed form `{form}`" % function
         self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, before_text(before))
 
@@ -299,6 +300,10 @@ class Rule:
         if len(found) > 1 and not self.every:
             return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
                 _show(self.before), self.function, len(found), ", ".join(str(n.lineno) for n, _ in found)))
+        stray = self._stray(scopes, found) if self.every else None
+        if stray is not None:
+            return None, Shape(UNKNOWN, "`%s` at line %d is not of the form `%s`" % (
+                _text(stray)[:80], stray.lineno, _show(self.before)))
         if not found:
             if refused:
                 return None, Shape(UNKNOWN, "`%s` at line %d is not the pre-fix form: %s" % (
@@ -317,6 +322,13 @@ class Rule:
                 return None, Shape(UNKNOWN, "`%s` (line %d) already passes %s" % (
                     _text(node)[:80], node.lineno, ", ".join(twice)))
         return found, Shape(BUGGY, self._say(self.buggy, func, *found[0]))
+
+    def _stray(self, scopes, found):
+        """Under ``every``: a call of the pattern's first callee outside every match, or None."""
+        head = next((n for n in ast.walk(self.before) if isinstance(n, ast.Call)), None)
+        inside = {id(x) for n, _ in found for x in ast.walk(n)}
+        return next((c for s in scopes for c in ast.walk(s) if head is not None and isinstance(c, ast.Call)
+                     and ast.dump(c.func) == ast.dump(head.func) and id(c) not in inside), None)
 
     def _say(self, text, func, node, b, **more):
         values = dict({k: _text(v) for k, v in b.items()}, **more)
@@ -366,9 +378,9 @@ class Rule:
         if shape.kind != BUGGY:
             raise ShapeError(shape.reason)
         for number, (node, b) in enumerate(found):
-            new = build(self.after, dict(b, RAN=mark if number == 0 else copy.deepcopy(mark)), at=node)
+            new = build(self.after, dict(b, RAN=mark), at=node)
             _source.replace_node(func_def, node, new)
-            if not any(n is mark for n in ast.walk(new)) and number == 0:
+            if not self.ran and number == 0:
                 _source.insert_before(func_def, new, mark)
             if names is not None:
                 names.update(_free_names(new, func_def))
@@ -419,20 +431,36 @@ class Declaration:
                 defining.append(modname)
         return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
 
-    def shape(self, tree_of):
-        """``(Shape, [(rule, module, qualname, found)], bindings)`` with ``tree_of(module)``
-        giving a module's AST, None or ``SOURCELESS``."""
-        trees, defs = {}, []
+    @property
+    def derivable(self):
+        """Is the one hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
+        return len(self.hunks) == 1 and self.hunks[0].derivable
+
+    def locate(self, tree_of):
+        """``(module, qualname, def node)`` of the first hunk's function where exactly one site
+        defines it, else ``(None, None, None)``; ``tree_of(module)`` gives a module's AST, None
+        or ``SOURCELESS``."""
+        defs = self._defs({}, tree_of)
+        return defs[0] if len(defs) == 1 else (None, None, None)
+
+    def _defs(self, trees, tree_of):
+        defs = []
         for modname, qualname in self.sites:
             tree = trees[modname] = tree_of(modname)
             node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defs.append((modname, qualname, node))
+        return defs
+
+    def shape(self, tree_of):
+        """``(Shape, [(rule, module, qualname, found)], bindings)`` with ``tree_of`` as for ``locate``."""
+        trees = {}
+        defs = self._defs(trees, tree_of)
         if len(defs) != 1:
             return self._absent(trees, defs), None, None
         located = [(self.hunks[0],) + defs[0]]
         for rule in self.hunks[1:]:
-            tree = trees.setdefault(rule.module, tree_of(rule.module))
+            tree = trees[rule.module] if rule.module in trees else trees.setdefault(rule.module, tree_of(rule.module))
             node = _source.find_def(tree, rule.function) if isinstance(tree, ast.Module) else None
             located.append((rule, rule.module, rule.function, node))
         for rule, _, _, func in located:
@@ -467,7 +495,7 @@ class Declaration:
         said = {m: _mention(trees[m], rule.word) for m in read} if rule.word else {}
         if not rule.word or any(said.values()):
             return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "no module", "".join(
-                ", but %s says %r (line %d)" % (m, _first_word(n, rule.word), n.lineno)
+                ", but %s mentions %r (line %d)" % (m, _first_word(n, rule.word), n.lineno)
                 for m, n in said.items() if n is not None)))
         missing = [m for m, t in trees.items() if t is None]
         return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
@@ -541,7 +569,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     decl = Declaration(id, hunks, sites, needs, context, check)
     return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
                  upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,
-                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=hunks[0])
+                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl)
 
 
 def derive_prefix(patch, text):
@@ -550,9 +578,11 @@ def derive_prefix(patch, text):
     keep their text. ValueError unless ``after`` is upstream's form and matches exactly once."""
     from flashfix.core import render as _render
 
-    rule = getattr(patch, "rule", patch)
+    rule = patch.rule
     if not rule.derivable:
-        raise ValueError("%s's after-form is not upstream's (it declares fixed_if): nothing to turn back" % rule.function)
+        raise ValueError("%s: its after-form is not upstream's (fixed_if, or several hunks): nothing to turn back"
+                         % rule.hunks[0].function)
+    rule = rule.hunks[0]
     func = _source.find_def(ast.parse(text), rule.function)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError("%s has no function %s" % (rule.module, rule.function))

@@ -7,6 +7,7 @@ exercised with the patches in place, ``flashfix.revert()`` puts the original cod
 the same exercises run again: the "without flashfix" column.
 """
 
+import copy
 import json
 import os
 import sys
@@ -36,7 +37,7 @@ import torch  # noqa: E402
 import sglang.srt.configs.model_config as model_config  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
 import sglang.srt.model_executor.model_runner  # noqa: E402,F401
-from flashfix import sglang_patch  # noqa: E402
+from flashfix import semantic, sglang_patch  # noqa: E402
 
 status = {row["id"]: row for row in flashfix.status() if row["engine"] == "sglang"}
 report("status", {k: {"state": v["state"], "reason": v["reason"], "ran": v["ran"]} for k, v in status.items()})
@@ -52,7 +53,7 @@ def untouched(func):
 
 
 def plain(owner, name, module):
-    return sglang_patch._own_function(owner, name, module)
+    return semantic._own_function(owner, name, module)
 
 
 # --- the functions the patches are about ---------------------------------------------------
@@ -60,7 +61,7 @@ functions = {
     sglang_patch.FP8_ID: plain(flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
     sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
 }
-site_module, site_name, _, _ = sglang_patch._autotune_locate(lambda name: _source.module_ast(name))
+site_module, site_name, _ = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
 if site_module is not None:
     owner = sys.modules[site_module]
     *outer, last = site_name.split(".")
@@ -318,7 +319,9 @@ def global_helper_variant():
         server_args=SimpleNamespace(disable_flashinfer_autotune=False, moe_runner_backend="auto",
                                     moe_a2a_backend="none", flashinfer_autotune_skip_ops=None))
     out = {"had_global": "is_sm120_supported" in variant.__dict__}
-    changes = sglang_patch._autotune_changes(variant, "should_run_flashinfer_autotune")
+    declaration = copy.copy(sglang_patch.SM120_FP8_AUTOTUNE.rule)  # the same declaration, anchored to the variant
+    declaration.sites = ((spec.name, "should_run_flashinfer_autotune"),)
+    changes = declaration.prepare({spec.name: variant})
     out["changes"] = [type(c).__name__ for c in changes]
     try:
         fake_capability((12, 0))

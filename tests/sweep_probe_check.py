@@ -23,9 +23,10 @@ from flashfix.core import locate as _locate
 from flashfix.core import source as _source  # noqa: E402
 from flashfix.core.registry import ABSENT  # noqa: E402
 
-MODEL_RUNNER = sglang_patch.MODEL_RUNNER
-MODEL_CONFIG = sglang_patch.MODEL_CONFIG
-BACKEND = sglang_patch.FLASHINFER_BACKEND
+MODEL_RUNNER = sglang_patch.AUTOTUNE_SITES[0][0]
+MODEL_CONFIG = sglang_patch.VISION_CONFIG.targets[0]
+BACKEND = sglang_patch.FP8_KV_SCALES.targets[0]
+AUTOTUNE = sglang_patch.SM120_FP8_AUTOTUNE.rule
 
 
 def trees_of(version, modules):
@@ -35,7 +36,8 @@ def trees_of(version, modules):
 
 
 def autotune(trees):
-    module, qualname, node, shape = sglang_patch._autotune_locate(lambda name: trees.get(name))
+    module, qualname, node = AUTOTUNE.locate(trees.get)
+    shape = AUTOTUNE.shape(trees.get)[0]
     return {"module": module, "qualname": qualname, "node": node is not None, "kind": shape.kind,
             "reason": shape.reason}
 
@@ -65,7 +67,7 @@ def fp8_edit(tree):
     original = _source.find_def(tree, "FlashInferAttnBackend.forward_extend")
     edited = copy.deepcopy(original)
     mark = _source.marker("sglang-fp8-kv-scales:test")
-    sglang_patch.FP8_KV_SCALES.rule.edit(edited, mark)  # the declaration's own edit
+    sglang_patch.FP8_KV_SCALES.rule.hunks[0].edit(edited, mark)  # the declaration's own edit
     before, after = calls_of(original), calls_of(edited)
     lse = [c for c in ast.walk(edited) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
            and c.func.attr == "forward_return_lse" and ast.unparse(c.func.value) == "prefill_wrapper_paged"][0]
@@ -119,17 +121,17 @@ def main():
             # Control: 0.5.6's decision method renamed away; its call, the autotuner import and the
             # server flag remain, so the code is about autotuning but has no decision we know.
             runner = copy.deepcopy(trees[MODEL_RUNNER])
-            sglang_patch._source.find_def(runner, "ModelRunner._should_run_flashinfer_autotune").name = "_renamed"
+            _source.find_def(runner, "ModelRunner._should_run_flashinfer_autotune").name = "_renamed"
             out["control_autotune"] = autotune(dict({m: trees[m] for m in sites}, **{MODEL_RUNNER: runner}))
         if version == "0.5.5":
             # Control: 0.5.5's ModelConfig.__init__ given a constant is_image_understandable_model.
             config = copy.deepcopy(trees[MODEL_CONFIG])
-            init = sglang_patch._source.find_def(config, "ModelConfig.__init__")
+            init = _source.find_def(config, "ModelConfig.__init__")
             init.body.append(ast.parse("self.is_image_understandable_model = False").body[0])
             out["control_vision"] = vision(config)
             # Control: the absent case still needs ModelConfig itself to be the class we read.
             based = copy.deepcopy(trees[MODEL_CONFIG])
-            sglang_patch._source.find_def(based, "ModelConfig").bases.append(ast.Name("SomeMixin", ast.Load()))
+            _source.find_def(based, "ModelConfig").bases.append(ast.Name("SomeMixin", ast.Load()))
             out["control_vision_base"] = vision(based)
     out["absent_kind"] = ABSENT
     print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)

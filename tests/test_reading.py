@@ -256,7 +256,7 @@ from flashfix import sglang_patch
 states = {r["id"]: (r["state"], r["reason"]) for r in flashfix.status()}
 init = model_config.ModelConfig.__init__
 print("FLASHFIX_RESULT=" + json.dumps(dict(
-    states=states, targets=list(sglang_patch._autotune_targets()),
+    states=states, targets=list(sglang_patch.SM120_FP8_AUTOTUNE.targets()),
     files=[model_config.__file__, flashinfer_autotune.__file__],
     runner_imported="sglang.srt.model_executor.model_runner" in sys.modules,
     init_line=init.__code__.co_firstlineno)))

@@ -148,7 +148,7 @@ def probe(patch, text):
 
 
 def function_dump(patch, text):
-    func = _source.find_def(ast.parse(text), patch.rule.function)
+    func = _source.find_def(ast.parse(text), patch.rule.hunks[0].function)
     return ast.dump(_source._strip_markers(copy.deepcopy(func)))
 
 
@@ -161,9 +161,9 @@ def test_derived_prefix_round_trip_on_real_source(patch):
     changed = [i for i, (a, b) in enumerate(zip(fixed.splitlines(), prefix.splitlines())) if a != b]
     assert changed and len(changed) <= 3 or len(fixed.splitlines()) != len(prefix.splitlines())
     # before -> after on the derived shape, through the runtime's own edit and render: the release again
-    func = _source.find_def(ast.parse(prefix), patch.rule.function)
+    func = _source.find_def(ast.parse(prefix), patch.rule.hunks[0].function)
     edited = copy.deepcopy(func)
-    patch.rule.edit(edited, _source.marker("test:site"))
+    patch.rule.hunks[0].edit(edited, _source.marker("test:site"))
     rendered = _source.render_edit(prefix, func, edited)
     lines = prefix.splitlines(keepends=True)
     again = "".join(lines[:rendered.start - 1]) + rendered.text(rendered.PLAIN) + "".join(

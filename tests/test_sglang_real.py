@@ -198,7 +198,7 @@ from types import SimpleNamespace
 import flashfix
 import importlib
 from flashfix import sglang_patch
-site_module = sglang_patch._autotune_targets()[0]
+site_module = sglang_patch.SM120_FP8_AUTOTUNE.targets()[0]
 module = importlib.import_module(site_module)  # only the module that defines the decision
 import torch
 from sglang.srt.utils import common

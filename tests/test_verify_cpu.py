@@ -50,7 +50,7 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
 
 
 def test_vllm_check_builds_through_the_runtime_factory_edit():
-    # The GPU check's factory is the runtime's own edit (vllm_patch.edit_factory) applied to a
+    # The GPU check's factory is the runtime's own edit (the declaration's factory hunk) applied to a
     # stand-in of vLLM's pre-fix factory; here its constructions are recorded, on the CPU.
     code = '''
 import json, types

@@ -42,6 +42,24 @@ from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.PATCHES[0]
 TARGET = vllm_patch.TARGET
+FORWARD = "FlashInferImpl.forward"
+
+
+def edit_all(tree, mark):
+    """The declaration's own edits, in place, of every hunk's function in ``tree`` (a pre-fix
+    shape); returns {qualname: edited def}."""
+    shape, located, given = PATCH.rule.shape(lambda module: tree)
+    assert shape.kind == _registry.BUGGY, shape
+    edited = {}
+    for rule, _, qualname, _ in located:
+        edited[qualname] = _source.find_def(tree, qualname)
+        rule.edit(edited[qualname], mark, given=given)
+    return edited
+
+
+def sink_runs(forward):
+    return [c for c in ast.walk(forward) if isinstance(c, ast.Call) and ast.unparse(c.func) == "prefill_wrapper.run"
+            and "sinks" in _source.keywords(c)]
 # Releases that carry vLLM PR #52148, each with the GPUs (capability as an int) on which it builds the
 # sink wrapper for prefill; the pre-fix shape is derived from each and patched.
 SINK_GPUS = {"0.28.0": (120, 121), "0.29.0": (120, 121), "0.30.0": (90, 120, 121), "0.33.0": (90, 120, 121)}
@@ -156,8 +174,8 @@ def test_prefix_derivation_and_edits_match_release(release):
 
     # the pre-fix factory never names the sink wrapper; forward passes sinks= to the generic run
     factory = _source.find_def(prefix, vllm_patch.FACTORY)
-    assert not vllm_patch._mentions(factory, vllm_patch.SINK_WRAPPER)
-    block, index, call = vllm_patch._find_sink_run(_source.find_def(prefix, vllm_patch.FORWARD))
+    assert vllm_patch.SINK_WRAPPER not in ast.unparse(factory)
+    (call,) = sink_runs(_source.find_def(prefix, FORWARD))
     assert ast.unparse(_source.keywords(call)["sinks"]) == "self.sinks"
 
     # the GPUs flashfix reads off the release's supports_sink are those of the release's own sink branches
@@ -167,7 +185,9 @@ def test_prefix_derivation_and_edits_match_release(release):
 
     # the edited factory: the release's sink branches (same conditions, same constructions with the
     # release's own workspace and layout expressions, same slots), the generic constructions kept
-    vllm_patch.edit_factory(gpus)(factory, ast.Expr(ast.Constant("flashfix-mark")))
+    mark = ast.Expr(ast.Constant("flashfix-mark"))
+    edited = edit_all(prefix, mark)
+    factory, forward = edited[vllm_patch.FACTORY], edited[FORWARD]
     ours, theirs = _factory_branches(factory), _factory_branches(_source.find_def(fixed, vllm_patch.FACTORY))
     assert ours == theirs and len(ours[1]) == 2 and len(ours[2]) == 2, (ours, theirs)
 
@@ -175,11 +195,8 @@ def test_prefix_derivation_and_edits_match_release(release):
     # that the sink run folds the generic call's q_scale expression into the softmax scale: the same
     # expression up to 0.30.0; on 0.33.0 `1.0 if self.nvfp4_fa2 else layer._q_scale_float`, whose
     # value is the release's `layer._q_scale_float` whenever the sink wrapper exists (never with NVFP4)
-    forward = _source.find_def(prefix, vllm_patch.FORWARD)
-    mark = ast.Expr(ast.Constant("flashfix-mark"))
-    vllm_patch.edit_forward(forward, mark)
-    _sink_dispatch(forward).body.remove(mark)
-    release_forward = _source.find_def(fixed, vllm_patch.FORWARD)
+    _sink_dispatch(forward).body[:] = [s for s in _sink_dispatch(forward).body if ast.unparse(s) != ast.unparse(mark)]
+    release_forward = _source.find_def(fixed, FORWARD)
     dispatch = _sink_dispatch(release_forward)
     sink_scale = dispatch.body[-1].value.args[3]
     assert ast.unparse(sink_scale.left.right) == "layer._q_scale_float"
@@ -233,31 +250,15 @@ def test_shapes_refused_with_a_reason():
     assert verdict == "patch" and ("`current_platform.is_device_capability(89) or (current_platform.is_device_capability(90)"
                                    " or current_platform.is_device_capability_family(120))`") in why, why
 
+    # every construction of the generic wrapper must be the pre-fix one (no slot left half-fixed);
+    # workspace and layout passed by keyword are not upstream's shape either
     generic = "self._noncausal_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper("
-    for new, reason in [
-        ("wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), ", "other than as `self.<slot> ="),
-        ("self._other_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), ",
-         "other than as `self.<slot> ="),
-        (generic + "self._get_workspace_buffer(), use_cuda_graph=True, kv_layout=",
-         "expected the workspace and the KV layout"),
-    ]:
+    for new in ["wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), ",
+                "self._other_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), ",
+                generic + "self._get_workspace_buffer(), use_cuda_graph=True, kv_layout=",
+                generic + "float_workspace_buffer=self._get_workspace_buffer(), kv_layout="]:
         verdict, why = judge(generic + "self._get_workspace_buffer(), ", new)
-        assert verdict == "unknown-shape" and reason in why, (new, verdict, why)
-
-    # workspace and layout passed by keyword: carried over as keywords
-    keyword = prefix.replace(generic + "self._get_workspace_buffer(), get_flashinfer_layout_string(self.kv_cache_layout),",
-                             generic + "float_workspace_buffer=self._get_workspace_buffer(), "
-                             "kv_layout=get_flashinfer_layout_string(self.kv_cache_layout),", 1)
-    assert keyword != prefix
-    tree = ast.parse(keyword)
-    assert _registry.judge(PATCH, {TARGET: tree}, "0.30.0")[0] == "patch"
-    factory = _source.find_def(tree, vllm_patch.FACTORY)
-    gpus = vllm_patch.sink_gpu_test(_source.find_def(tree, vllm_patch.SUPPORTS_SINK))
-    vllm_patch.edit_factory(gpus)(factory, ast.Pass())
-    built = [ast.unparse(c) for c in _source.name_calls(factory, vllm_patch.SINK_WRAPPER)]
-    assert any(text.startswith(vllm_patch.SINK_WRAPPER + "(float_workspace_buffer=self._get_workspace_buffer(), "
-                                                        "kv_layout=get_flashinfer_layout_string(self.kv_cache_layout), "
-                                                        "backend='auto'") for text in built), built
+        assert verdict == "unknown-shape" and "is not of the form `$SELF.$SLOT = BatchPrefill" in why, (new, verdict, why)
 
     # forward shapes the edit must refuse
     for bad in ("prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s, extra=1)",
@@ -268,7 +269,7 @@ def test_shapes_refused_with_a_reason():
                 "    prefill_wrapper.run(q, kv, q_scale=a, k_scale=b, v_scale=c, out=o, sinks=s)"):
         node = ast.parse("def forward(self):\n    %s\n" % bad).body[0]
         with pytest.raises(_source.ShapeError):
-            vllm_patch.edit_forward(node, ast.Pass())
+            PATCH.rule.hunks[1].edit(node, ast.Pass(), given={})
 
 
 # --- the pre-fix shapes, imported and patched: differential against each fixed release -------
@@ -282,7 +283,7 @@ import vllm_prefix_shape as h
 
 patch = vllm_patch.PATCHES[0]
 TARGET, SINK = vllm_patch.TARGET, vllm_patch.SINK_WRAPPER
-FACTORY_SITE, FORWARD_SITE = patch.id + ":" + vllm_patch.FACTORY, patch.id + ":" + vllm_patch.FORWARD
+FACTORY_SITE, FORWARD_SITE = patch.id + ":" + vllm_patch.FACTORY, patch.id + ":FlashInferImpl.forward"
 fixed_path = _source.module_file(TARGET)
 prefix_path = h.install_prefix_module(tempfile.mkdtemp(), fixed_path)
 version = _registry.engine_version("vllm")
@@ -437,7 +438,7 @@ def test_prefix_shape_patched_matches_release(release):
     assert res["state"] == "applied" and res["ran_at_import"] is False, (res["state"], res["reason"])
     assert res["same_objects"] == [True, True]
     assert res["marked_at_import"] == {vllm_patch.PATCH_ID + ":" + vllm_patch.FACTORY: True,
-                                       vllm_patch.PATCH_ID + ":" + vllm_patch.FORWARD: True}
+                                       vllm_patch.PATCH_ID + ":" + FORWARD: True}
     assert len(res["changes"]) == 3
 
     # differential: every case gives the same constructors and the same run calls as the release

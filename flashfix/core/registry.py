@@ -78,7 +78,7 @@ Patch = namedtuple("Patch", [
     "prepare",  # (modules: {module: module object}) -> [change, ...]
     "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
     "doc",  # why / how / when to delete (a declarative backport's; optional)
-    "rule",  # the declaration's compiled patterns (``semantic.Rule``), or None for a hand-written patch
+    "rule",  # the declaration (``semantic.Declaration``: its hunks, sites, hooks), or None for a hand-written patch
 ], defaults=(None, None, None))
 
 

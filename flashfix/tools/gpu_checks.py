@@ -11,8 +11,8 @@ Three checks:
 
 ``sink_prefill``     paged prefill of a model with attention sinks: FlashInfer's generic
                      wrapper given ``sinks=`` (the pre-fix vLLM path, which drops the sinks)
-                     against the path flashfix's vLLM patch takes (``edit_factory`` makes the
-                     factory build the sink wrapper, ``edit_forward`` dispatches the call).
+                     against the path flashfix's vLLM patch takes (its factory hunk makes the
+                     factory build the sink wrapper, its forward hunk dispatches the call).
 ``fp8_paged``        SGLang's ragged + paged prefill over an FP8 (e4m3) cache with scales far
                      from 1, merged by log-sum-exp: the paged read without the scales (pre-fix)
                      against the call flashfix's SGLang patch produces.
@@ -252,10 +252,10 @@ def _rewritten_copy(original, edit):
 
 
 def _fixed_vllm_forward():
-    """The stand-in ``forward`` with flashfix's forward edit (``vllm_patch.edit_forward``)."""
+    """The stand-in ``forward`` with the forward hunk of flashfix's declaration, as the runtime edits it."""
     from flashfix import vllm_patch
 
-    return _rewritten_copy(_VllmImplStandIn.forward, vllm_patch.edit_forward)
+    return _rewritten_copy(_VllmImplStandIn.forward, vllm_patch.SINK_PREFILL.rule.hunks[1].edit)
 
 
 _STAND_IN_BACKEND = "auto"  # the generic wrapper's backend in the stand-in factory (set per check)
@@ -282,15 +282,17 @@ _fixed_factory = []
 
 
 def _fixed_vllm_factory():
-    """The stand-in factory with flashfix's factory edit (``vllm_patch.edit_factory``), made once
+    """The stand-in factory with the factory hunk of flashfix's declaration (``$GPUS`` as below), made once
     per process (it reads its classes from the module globals at each call)."""
     import ast
+    import functools
 
     from flashfix import vllm_patch
 
     if not _fixed_factory:
-        gpus = ast.parse(SINK_GPUS, mode="eval").body
-        _fixed_factory.append(_rewritten_copy(_prefix_vllm_factory, vllm_patch.edit_factory(gpus)))
+        edit = functools.partial(vllm_patch.SINK_PREFILL.rule.hunks[0].edit, given={
+            "GPUS": ast.parse(SINK_GPUS, mode="eval").body})
+        _fixed_factory.append(_rewritten_copy(_prefix_vllm_factory, edit))
     return _fixed_factory[0]
 
 
