@@ -253,3 +253,72 @@ def test_doctor_on_real_flashinfer_wheels(tmp_path):
         assert row["engine_version"] == version
         verdicts[version] = row["verdict"]
     assert verdicts == {"0.7.2.post1": "patch", "0.7.4": "fixed-upstream"}
+
+
+FIXED_NAME = ("batch_prefill_attention_sink_{filename_safe_dtype_map[q_data_type]}_swa_",
+              "batch_prefill_attention_sink_{filename_safe_dtype_map[q_data_type]}_"
+              "{filename_safe_dtype_map[kv_data_type]}_{head_dim_qk}_{head_dim_vo}_swa_")
+
+
+def _flashinfer_copy(dest, init_edit):
+    """The probe's files of FlashInfer 0.6.16.post3 (vLLM 0.28.0's), copied from its wheel's install into
+    ``dest``, with ``attention/_fixed.py``: ``_core.py`` naming the kernel as FlashInfer 0.7.4 does.
+    ``init_edit(text)`` gives the new ``attention/__init__.py``."""
+    site = next((engine_env.env_python(ENV).parent.parent / "lib").glob("python*/site-packages"))
+    for relative in ("flashinfer/__init__.py", "flashinfer/prefill.py", "flashinfer/attention/__init__.py",
+                     "flashinfer/attention/_core.py"):
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        (dest / relative).write_text((site / relative).read_text())
+    core = (dest / "flashinfer/attention/_core.py").read_text()
+    assert FIXED_NAME[0] in core
+    (dest / "flashinfer/attention/_fixed.py").write_text(core.replace(*FIXED_NAME))
+    init = dest / "flashinfer/attention/__init__.py"
+    init.write_text(init_edit(init.read_text()))
+
+
+def test_probe_reads_the_binding_python_uses(tmp_path):
+    """``flashinfer.attention`` binds the sink wrapper by its LAST top-level binding: the probe
+    follows that import, not the first one in the file."""
+    from flashfix import flashinfer_patch as fp
+    from flashfix.core import locate as _locate, registry as _registry
+
+    line = "from ._fixed import BatchAttentionWithAttentionSinkWrapper\n"
+    edits = {
+        "earlier import": lambda text: line + text,  # Python binds _core's (buggy) class
+        "later rebinding": lambda text: text + line,  # Python binds _fixed's class
+        "last binding in a try": lambda text: text + "try:\n    " + line + "except ImportError:\n    pass\n",
+    }
+    shapes = {}
+    for case, edit in edits.items():
+        dest = tmp_path / case.replace(" ", "_")
+        _flashinfer_copy(dest, edit)
+        with _locate.reading(_locate.PathReader([dest])):
+            trees = _registry.read_trees(fp.PATCHES[0].targets)
+            shapes[case] = _registry.judge(fp.PATCHES[0], trees, "0.6.16.post3")
+    assert shapes["earlier import"] == ("patch", "the sink kernel name in flashinfer.attention._core holds only "
+                                        "backend, q_data_type, window_left: wrappers differing in KV dtype or head "
+                                        "dims share one kernel in a process")
+    assert shapes["later rebinding"] == (
+        "fixed-upstream", "the sink kernel name in flashinfer.attention._fixed includes the KV dtype and head dims")
+    verdict, reason = shapes["last binding in a try"]  # which import wins depends on run time: not read as either
+    assert verdict == "unknown-shape" and "is last bound at line" in reason, reason
+
+
+def test_name_table_two_configurations_with_one_suffix(caplog):
+    """Two configurations that differ only past the dtypes and head dims (here the last JIT argument)
+    get the same suffix: the second one also gets a digest, and each keeps its name."""
+    from flashfix import flashinfer_patch as fp
+
+    base = "batch_prefill_attention_sink_bf16_swa_False_fa2"
+
+    def config(kv, source):
+        return fp._config([base, "torch.bfloat16", kv, "torch.bfloat16", "torch.int32", 64, 64, source], None)
+
+    table = fp.NameTable()
+    names = [table.assign(config(kv, source))[0] for kv, source in [
+        ("torch.bfloat16", "a"), ("torch.float8_e4m3fn", "a"), ("torch.float8_e4m3fn", "b"),
+        ("torch.float8_e4m3fn", "a"), ("torch.float8_e4m3fn", "b"), ("torch.bfloat16", "a")]]
+    suffixed = base + "_kv_float8_e4m3fn_o_bfloat16_hd_64_64"
+    assert names[:2] == [base, suffixed] and names[2].startswith(suffixed + "_") and len(names[2]) == len(suffixed) + 11
+    assert names[3:] == names[1:3] + [base]
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2
