@@ -22,22 +22,34 @@ any order; metavariables never match ``*x``/``**x``. ``inside``: look for the fo
 matching this pattern. ``where``: a pattern that must match once elsewhere in the function; its
 bindings (e.g. a sibling call's arguments) serve ``after``.
 
-Derived from the one declaration, anchored to ``module`` and the qualified ``function``:
-
 The rest of this module's documentation is the comment block below.
 """
-# * the probe: ``after`` present -> fixed-upstream; ``before`` present once (and ``where`` binds)
-#   -> patch; the function absent, or the word ``absent_unless_mentioned`` nowhere in the module
-#   -> not-affected; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-#   ``buggy`` are optional reason texts (``str.format``: ``{line}`` and the metavariables);
-# * the runtime edit and ``flashfix diff``'s plan: the function recompiled from its own source
-#   with that node replaced (``_registry.rewrite``, a one-time marker before it);
-# * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests.
+# When one pair is not enough (each is optional, see ``Rule`` and ``Backport``): ``fixed_if``
+# (patterns that mean upstream's fix is in, when it is not ``after``'s form), ``constraints``
+# (``{"X": regex}`` on a metavariable's code), ``every`` (replace every match, not exactly one),
+# ``hunks`` (several ``Rule``s applied together), ``sites`` (the function moves between releases),
+# ``needs`` (``{name: module}``: a global the new code reads, added where the module lacks it),
+# ``context`` and ``check`` (procedural hooks, for what only code can read). ``$SELF`` is the
+# function's first parameter; a ``$RAN`` statement in ``after`` places the one-time marker.
 #
-# ``doc`` says why, how, and (required) ``Delete when:``. What a pattern cannot say is written as
-# a plain ``Patch`` with its own ``probe``/``prepare``/``plan``, its doc saying why. Matching uses
-# the standard library's ``ast`` (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst
-# 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
+# Derived from the one declaration:
+# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
+#   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
+#   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
+#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
+#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
+#   the metavariables);
+# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
+#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``,
+#   a one-time marker at ``$RAN`` or before the edited statement); every name the new code reads
+#   must be a local, a builtin or a global of the module, or the patch is refused whole;
+# * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
+#   (one hunk whose ``after`` is upstream's form).
+#
+# ``doc`` says why, how, and (required) ``Delete when:``. A fix that is not a code edit at all
+# (flashinfer_patch: a per-process name table) is a plain ``Patch`` with its own ``probe``/
+# ``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
+# and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 
 import ast
 import builtins
