@@ -378,10 +378,6 @@ class Rule:
                 ast.unparse(node.func), node.lineno, how, _show(p)))
         return Shape(UNKNOWN, "`%s` at line %d%s differs from `%s`" % (_text(node)[:80], node.lineno, where, _show(p)))
 
-    def probe(self, trees):
-        tree = trees[self.module]
-        return self.site(_source.find_def(tree, self.function), tree)[1]
-
     def edit(self, func_def, mark, given=None, names=None):
         """The runtime edit (also ``flashfix diff``'s): each pre-fix node becomes ``after``, with
         the marker at ``$RAN`` or before the edited statement. ``names`` collects the names the
@@ -471,14 +467,14 @@ class Declaration:
         if len(defs) != 1:
             return self._absent(trees, defs), None, None
         located = [(self.hunks[0],) + defs[0]]
-        for rule in self.hunks[1:]:
-            tree = trees[rule.module] if rule.module in trees else trees.setdefault(rule.module, tree_of(rule.module))
-            node = _source.find_def(tree, rule.function) if isinstance(tree, ast.Module) else None
-            located.append((rule, rule.module, rule.function, node))
-        for rule, _, _, func in located:
-            fixed = rule.fixed_form(func) if func is not None else None
+        for rule in self.hunks[1:] + (None,):  # each hunk's function read only if no earlier one is fixed
+            fixed = located[-1][0].fixed_form(located[-1][3]) if located[-1][3] is not None else None
             if fixed is not None:
                 return fixed, None, None
+            if rule is not None:
+                tree = trees[rule.module] if rule.module in trees else trees.setdefault(rule.module, tree_of(rule.module))
+                node = _source.find_def(tree, rule.function) if isinstance(tree, ast.Module) else None
+                located.append((rule, rule.module, rule.function, node))
         missing = [q for _, _, q, func in located if func is None]
         if missing:
             return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None
