@@ -534,8 +534,8 @@ class Declaration:
                 continue
             source = importlib.import_module(self.needs[name]) if name in self.needs else None
             if not hasattr(source, name):
-                raise ShapeError("the new code reads %s, which %s does not have%s" % (name, module.__name__, (
-                    " and the installed %s lacks" % self.needs[name]) if name in self.needs else ""))
+                raise ShapeError("the new code reads %s, which %s lacks%s" % (name, module.__name__, (
+                    ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else ""))
             adds.append(_registry.SetAttr(module, name, getattr(source, name)))
         return adds + swaps
 
@@ -550,8 +550,9 @@ class Declaration:
         modname = located[0][1]
         for name in sorted(n for n in names if not _diff.binds(modname, n)):
             if name not in self.needs or not _diff.binds(self.needs[name], name):
-                raise ShapeError("the new code reads %s, which %s does not bind%s" % (name, modname, (
-                    " and the %s read here lacks" % self.needs[name]) if name in self.needs else ""))
+                raise ShapeError("the new code reads %s, which %s does not bind%s: the runtime would leave the engine "
+                                 "as it is" % (name, modname, (", and the %s read here has no %s" % (
+                                     self.needs[name], name)) if name in self.needs else ""))
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 

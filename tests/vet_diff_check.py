@@ -140,8 +140,10 @@ for result in plans:
         else:
             row["module"] = [change.module, getattr(done.owner, "__name__", None)]
             row["name"] = [change.name, done.name]
-            row["defined"] = [change.defined.origin, change.defined.first,
-                              inspect.getsourcefile(done.value), inspect.getsourcelines(done.value)[1]]
+            source, _, attr = change.value.rpartition(".")
+            row["value_named"] = done.value is getattr(importlib.import_module(source), attr)
+            row["defined"] = [change.defined.origin, change.defined.first, inspect.getsourcefile(done.value),
+                              inspect.getsourcelines(done.value)[1]] if change.defined is not None else None
         rows.append(row)
     checks[result.patch.id] = {"planned": len(result.changes), "runtime": len(runtime), "rows": rows}
 report("checks", checks)

@@ -159,7 +159,7 @@ def binds(module, name, depth=0):
 
 def definition(module, name, depth=0):
     """Location of the def/class that ``module``'s global ``name`` is, following
-    ``from x import name`` re-exports; None if it cannot be told from source."""
+    ``from x import name`` and ``from x import *`` re-exports; None if it cannot be told from source."""
     try:
         found, tree = _module(module)
         node = _source.find_def(tree, name)
@@ -179,6 +179,11 @@ def definition(module, name, depth=0):
                     if _locate.find(sub) is not None:  # ``from pkg import submodule``
                         return None
                     return definition(source, alias.name, depth + 1)
+    names, stars = _top_names(tree)
+    if name not in names:  # bound, if at all, by a star import: the last one that binds it wins
+        for star in reversed(stars):
+            if binds(_resolve(module, star), name, depth + 1):
+                return definition(_resolve(module, star), name, depth + 1)
     return None
 
 
