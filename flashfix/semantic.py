@@ -67,10 +67,23 @@ from flashfix.core.source import ShapeError
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 
 
+class Block(ast.AST):
+    """A pattern of several statements, matched as consecutive statements of one block; a match
+    found in code is a Block too, with ``at``: ``(the block's list, first index)``."""
+
+    _fields = ("body",)
+
+    def __init__(self, body=(), at=None):
+        self.body, self.at = list(body), at
+        self.lineno = body[0].lineno if body and hasattr(body[0], "lineno") else 0
+
+
 def pattern(text):
-    """The AST of a pattern snippet: an expression, or a statement."""
-    (node,) = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
-    return node.value if isinstance(node, ast.Expr) else node
+    """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
+    body = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
+    if len(body) > 1:
+        return Block(body)
+    return body[0].value if isinstance(body[0], ast.Expr) else body[0]
 
 
 def _meta(node, prefix=ONE):
@@ -165,10 +178,25 @@ def find(p, scopes, given=None):
     found = []
     for scope in scopes:
         for node in ast.walk(scope):
+            if isinstance(p, Block):  # consecutive statements of each block of ``node``
+                for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+                    for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
+                        b = dict(given or {})
+                        if all(match(x, y, b) for x, y in zip(p.body, block[i:])):
+                            found.append((Block(block[i:i + len(p.body)], (block, i)), b))
+                continue
             b = dict(given or {})
             if match(p, node, b) and all(node is not n for n, _ in found):
                 found.append((node, b))
     return found
+
+
+def _put(root, old, new):
+    """``new`` where ``old`` is inside ``root``; a ``Block`` match becomes ``new``'s statements."""
+    if not isinstance(old, Block):
+        return _source.replace_node(root, old, new)
+    block, index = old.at
+    block[index:index + len(old.body)] = [ast.copy_location(s, old.body[0]) for s in new.body]
 
 
 def _spliced(item, b):
@@ -208,13 +236,15 @@ def build(template, b, at=None):
 
 
 def _text(value):
+    if isinstance(value, Block):
+        return "; ".join(_text(s) for s in value.body)
     if isinstance(value, list):
         return ", ".join(_text(v) for v in value)
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
 def _show(node):
-    return ast.unparse(node).replace(MANY, "$$$").replace(ONE, "$")
+    return _text(node).replace(MANY, "$$$").replace(ONE, "$")
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
@@ -266,7 +296,11 @@ class Rule:
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
         self.module, self.function = module, function
         self.after, before = pattern(after), pattern(before)
-        self.before = ast.Expr(before) if isinstance(self.after, ast.stmt) and isinstance(before, ast.expr) else before
+        if isinstance(self.after, (ast.stmt, Block)) and isinstance(before, ast.expr):
+            before = ast.Expr(before)
+        if isinstance(self.after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
+            self.after, before = (x if isinstance(x, Block) else Block([x]) for x in (self.after, before))
+        self.before = before
         self.where = pattern(where) if where else None
         self.inside = pattern(inside) if inside else None
         self.word = absent_unless_mentioned
@@ -355,7 +389,8 @@ class Rule:
                              % (self.module, self.word, owner.name))
             return Shape(ABSENT, "%s has no %s in this release (%s never assigns or mentions it)" % (
                 owner.name if owner is not None else self.module, self.word, self.module))
-        p = self.before.value if isinstance(self.before, ast.Expr) else self.before
+        p = self.before.body[0] if isinstance(self.before, Block) else self.before
+        p = p.value if isinstance(p, ast.Expr) else p
         near = [n for s in scopes for n in ast.walk(s) if type(n) is type(p)
                 and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
         where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
@@ -385,11 +420,11 @@ class Rule:
         found, shape = self.site(func_def, None, given)
         if shape.kind != BUGGY:
             raise ShapeError(shape.reason)
-        for number, (node, b) in enumerate(found):
-            new = build(self.after, dict(b, RAN=mark), at=node)
-            _source.replace_node(func_def, node, new)
+        for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
+            new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
+            _put(func_def, node, new)
             if not self.ran and number == 0:
-                _source.insert_before(func_def, new, mark)
+                _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
             if names is not None:
                 names.update(_free_names(new, func_def))
         ast.fix_missing_locations(func_def)
@@ -599,7 +634,7 @@ def derive_prefix(patch, text):
     found = find(rule.after, rule._scopes(edited))
     if len(found) != 1:
         raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.function, len(found)))
-    _source.replace_node(edited, found[0][0], build(rule.before, found[0][1]))
+    _put(edited, found[0][0], build(rule.before, found[0][1]))
     rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited))
     lines = _render._lines(text)
     return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(

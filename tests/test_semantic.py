@@ -178,3 +178,26 @@ def test_release_before_the_fix_is_the_pre_fix_shape(patch):
     assert probe(patch, text).kind == _registry.BUGGY
     with pytest.raises(ValueError, match="expected one"):
         semantic.derive_prefix(patch, text)  # no fixed form to turn back
+
+
+def test_several_statements_insert_a_line_and_turn_back():
+    # an upstream change that adds a statement: before is one statement, after two (a Block)
+    change = dict(before="out = paged.forward($$$A, **$$$KW)", where=None,
+                  after="out = paged.forward($$$A, **$$$KW)\nout = out.float()")
+    rule, (found, s) = shape(SOURCE, **change)
+    assert s.kind == _registry.BUGGY and "line 4" in s.reason, s
+    func = _source.find_def(ast.parse(SOURCE), "Backend.extend")
+    rule.edit(func, _source.marker("t:x"))
+    body = [ast.unparse(stmt) for stmt in func.body]
+    assert body[:3] == ["__flashfix_mark__('t:x')",
+                        "out = paged.forward(q, kv, causal=True, k_scale=layer.ks, v_scale=layer.vs)",
+                        "out = out.float()"], body
+    compile(ast.fix_missing_locations(ast.Module([func], [])), "t", "exec")
+    fixed = SOURCE.replace("v_scale=layer.vs)\n", "v_scale=layer.vs)\n        out = out.float()\n", 1)
+    assert shape(fixed, **change)[1][1].kind == _registry.FIXED
+    patch = semantic.Backport(id="t", engine="e", versions=">=1", upstream="u", fixed_in="2", summary="s",
+                              doc="Delete when: never", module="m", function="Backend.extend", **change)
+    assert semantic.derive_prefix(patch, fixed) == SOURCE
+    # the same statements twice in one block: refused, not guessed
+    twice = SOURCE.replace("        o2, s2", "        out = paged.forward(q, kv)\n        o2, s2", 1)
+    assert shape(twice, **change)[1][1].kind == _registry.UNKNOWN

@@ -149,8 +149,11 @@ class _Splicer:
                     self.insert(new[j1:j2], before=old[i1])
                 else:
                     self.insert(new[j1:j2], after=old[-1])
-            elif j1 == j2:
-                raise _Unsplicable()  # a deletion: left to the whole-function rendering
+            elif j1 == j2:  # a deletion: the statements' whole lines go
+                self._starts_line(old[i1])
+                self._ends_line(old[i2 - 1])
+                first = _first_line(old[i1])
+                self.splices.append(_Splice(first, old[i2 - 1].end_lineno, [], first))
             else:
                 unmarked = [s for s in new[j1:j2] if not getattr(s, "flashfix_marker", False)]
                 if len(unmarked) == i2 - i1 and all(type(o) is type(n) for o, n in zip(old[i1:i2], unmarked)):
