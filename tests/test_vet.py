@@ -151,12 +151,16 @@ def test_a_statement_sharing_its_line_makes_the_function_written_whole():
     assert rendered.text(_render.PLAIN).startswith("    def step(self, layer, q):")
 
 
-def test_a_deleted_statement_is_rendered_whole_and_still_exact():
+def test_a_deleted_statement_takes_its_lines_and_nothing_else():
     def edit(node, mark):
-        del node.body[1]  # total = 0 ... then total is unbound: the code is what the edit says
+        del node.body[1]  # the `out = compute(...)` statement: then out is unbound, the code is what the edit says
 
     rendered, edited = render(edit)
-    assert rendered.whole == (_render.MARKED, _render.PLAIN)
+    assert not rendered.whole  # spliced: the other lines keep their text
+    before, after = rendered.before.splitlines(), rendered.text(_render.PLAIN).splitlines()
+    first = before.index("        out = compute(")
+    assert before[first + 4] == "        )  # trailing comment"
+    assert after == before[:first] + before[first + 5:]
     assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(edited)
 
 
