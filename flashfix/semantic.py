@@ -16,8 +16,9 @@
 sweep, ``FLASHFIX_DISABLE`` and strict mode treat it as any other. Patterns are Python source (an
 expression, or statements: several match consecutive statements of one block), ast-grep style:
 ``$X`` matches one expression (or an attribute name, ``obj.$A``), the same ``$X`` twice
-structurally equal code (ctx, positions ignored), ``$_`` anything; ``$$$X`` zero or more items of a list (arguments, statements, ``and`` operands,
-elements) and ``**$$$X`` the keywords a call pattern does not name. Keywords match by name in
+structurally equal code (ctx, positions ignored), ``$_`` anything; ``$$$X`` zero or more items
+of a list (arguments, statements, ``and`` operands, elements) and ``**$$$X`` the keywords a call
+pattern does not name. Keywords match by name in
 any order; metavariables never match ``*x``/``**x``. ``inside``: look for the forms only in code
 matching this pattern. ``where``: a pattern that must match once elsewhere in the function; its
 bindings (e.g. a sibling call's arguments) serve ``after``.
