@@ -93,41 +93,52 @@ class ImportSystem:
     label = "this interpreter"
 
     def find(self, name):
-        module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None) if module is not None else None
+        module = self._module(name)
+        spec = getattr(module, "__spec__", None)
         if spec is None:
             spec = self._spec(name)
             if spec is None:
                 return None
+            if spec is _UNFOLLOWED:
+                return Found(name, None, None)  # somewhere a finder of an import line would look
         origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
         if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
             return Found(name, origin, None)  # a namespace package: no code at all
-        return Found(name, origin, _loader_source(spec.loader, name, origin))
+        return Found(name, origin, self._source(spec.loader, name, origin))
+
+    def _module(self, name):
+        return sys.modules.get(name)
+
+    def _source(self, loader, name, origin):
+        return _loader_source(loader, name, origin)
 
     def _spec(self, name):
+        """``name``'s spec, found as ``import`` does: top-level package first, each submodule on
+        its parent's search locations (``_component`` finds one); ``_UNFOLLOWED``: maybe, unread."""
         parts = name.split(".")
-        path = None
-        spec = None
+        path = spec = None
         for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            module = sys.modules.get(prefix)
-            if module is not None and depth < len(parts):
-                try:  # a namespace package's path is recomputed from its parent, which a failed
-                    path = list(module.__path__)  # import may have left out of sys.modules
-                    continue
-                except AttributeError:
-                    return None
-                except Exception:
-                    pass  # located below as if it were not imported
-            spec = _meta_path_spec(prefix, path)
-            if spec is None:
-                return None
+            spec = self._component(".".join(parts[:depth]), path, depth == len(parts))
+            if spec is None or spec is _UNFOLLOWED:
+                return spec
             if depth < len(parts):
                 if spec.submodule_search_locations is None:
                     return None
                 # a plain list: a namespace package's _NamespacePath would look its parent up in sys.modules
                 path = list(spec.submodule_search_locations)
         return spec
+
+    def _component(self, name, path, last):
+        """The spec of one component ``name`` on ``path`` (None: the top level)."""
+        module = sys.modules.get(name)
+        if module is not None and not last:
+            try:  # a namespace package's path is recomputed from its parent, which a failed
+                return _package(name, module.__path__)  # import may have left out of sys.modules
+            except AttributeError:
+                return None
+            except Exception:
+                pass  # located below as if it were not imported
+        return _meta_path_spec(name, path)
 
     def version(self, dist):
         from importlib import metadata
@@ -164,7 +175,7 @@ def _metadata_file(distribution):
 def _path_spec(name, path):
     """What ``PathFinder.find_spec(name, path)`` finds, without its namespace-package object,
     which looks the parent package up in ``sys.modules`` (it is not imported here)."""
-    from importlib.machinery import ModuleSpec, PathFinder
+    from importlib.machinery import PathFinder
 
     portions = []
     for entry in path:
@@ -178,11 +189,16 @@ def _path_spec(name, path):
         if spec.loader is not None:
             return spec
         portions.extend(spec.submodule_search_locations or ())
-    if portions:
-        spec = ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = portions
-        return spec
-    return None
+    return _package(name, portions) if portions else None
+
+
+def _package(name, locations):
+    """A spec of a package without code (a namespace package) whose submodules are in ``locations``."""
+    from importlib.machinery import ModuleSpec
+
+    spec = ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = list(locations)
+    return spec
 
 
 def _meta_path_spec(name, path):
@@ -364,19 +380,14 @@ class PathReader(ImportSystem):
         self.namespaces = dict(namespaces or {})
         self.opaque = list(opaque)
 
-    def find(self, name):
-        spec = self._spec(name)
-        if spec is None:
-            return None
-        if spec is _UNFOLLOWED:
-            return Found(name, None, None)  # somewhere a finder of an import line would look
-        origin = spec.origin
-        if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
-            return Found(name, origin, None)
+    def _module(self, name):
+        return None  # this interpreter's modules are not the environment read
+
+    def _source(self, loader, name, origin):
         if origin and os.path.isfile(origin) and os.path.getsize(origin) > MAX_READ:
             raise SourceError("%s: %s is over %d MiB, more than any engine file: refused" % (
                 self.label, origin, MAX_READ >> 20))
-        return Found(name, origin, _loader_source(spec.loader, name, origin))
+        return _loader_source(loader, name, origin)
 
     def _mapped_spec(self, name):
         """What a setuptools editable finder (behind the path finder) answers for ``name``."""
@@ -394,27 +405,14 @@ class PathReader(ImportSystem):
         if parent in self.editable:
             return _path_spec(name, [self.editable[parent]])
         if name in self.namespaces:
-            from importlib.machinery import ModuleSpec
-
-            spec = ModuleSpec(name, None, is_package=True)
-            spec.submodule_search_locations = list(self.namespaces[name])
-            return spec
+            return _package(name, self.namespaces[name])
         return None
 
-    def _spec(self, name):
-        parts = name.split(".")
-        path, spec = self.paths, None
-        for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            spec = _path_spec(prefix, path) or self._mapped_spec(prefix)
-            if spec is None:
-                if _dangling(parts[depth - 1], path) or (depth == 1 and self.opaque):
-                    return _UNFOLLOWED  # there, but unreadable (a symlink loop), or a finder may serve it
-                return None
-            if depth < len(parts):
-                if spec.submodule_search_locations is None:
-                    return None
-                path = list(spec.submodule_search_locations)
+    def _component(self, name, path, last):
+        path = self.paths if path is None else path
+        spec = _path_spec(name, path) or self._mapped_spec(name)
+        if spec is None and (_dangling(name.rpartition(".")[2], path) or ("." not in name and self.opaque)):
+            return _UNFOLLOWED  # there, but unreadable (a symlink loop), or a finder may serve it
         return spec
 
     def _distribution(self, dist):
@@ -561,7 +559,7 @@ def open_path(path):
     return r
 
 
-_UNFOLLOWED = object()  # PathReader._spec: not found, but it may be there unread
+_UNFOLLOWED = object()  # PathReader._component: not found, but it may be there unread
 
 
 def _dangling(part, path):
