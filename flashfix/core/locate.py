@@ -23,6 +23,7 @@ exactly what a verdict was decided from. ``open_path`` and ``Composite`` build t
 ``flashfix doctor --path``; ``flashfix.tools.remote.PythonReader`` is ``--python``.
 """
 
+import contextlib
 import contextvars
 import hashlib
 import os
@@ -140,22 +141,22 @@ class ImportSystem:
                 pass  # located below as if it were not imported
         return _meta_path_spec(name, path)
 
-    def version(self, dist):
+    def _distribution(self, dist):
         from importlib import metadata
 
         try:
-            return metadata.version(dist)
+            return metadata.distribution(dist)
         except metadata.PackageNotFoundError:
             return None
+
+    def version(self, dist):
+        found = self._distribution(dist)
+        return found.version if found is not None else None
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
-        from importlib import metadata
-
-        try:
-            return _metadata_file(metadata.distribution(dist))
-        except metadata.PackageNotFoundError:
-            return None
+        found = self._distribution(dist)
+        return _metadata_file(found) if found is not None else None
 
     def describe(self):
         return self.label
@@ -325,8 +326,8 @@ class ZipReader:
         import tokenize
 
         try:
-            text = tokenize.decode_source(raw) if hasattr(tokenize, "decode_source") else io.TextIOWrapper(
-                io.BytesIO(raw), encoding=tokenize.detect_encoding(io.BytesIO(raw).readline)[0]).read()
+            encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+            text = io.TextIOWrapper(io.BytesIO(raw), encoding=encoding).read()
         except (SyntaxError, UnicodeDecodeError, LookupError):
             text = None  # undecodable: as a loader's get_source would fail, the shape cannot be read
         return Found(name, origin, text, sha)
@@ -420,29 +421,18 @@ class PathReader(ImportSystem):
         from pathlib import Path
 
         wanted = _normal(dist)
-        for found in metadata.distributions(path=self.paths):
-            if _normal(found.metadata.get("Name") or "") == wanted:
-                return found
-        for entry in self.paths:  # an unpacked sdist: PKG-INFO at its root
-            if os.path.isfile(os.path.join(entry, "PKG-INFO")):
-                found = metadata.PathDistribution(Path(entry))
+        try:
+            for found in metadata.distributions(path=self.paths):
                 if _normal(found.metadata.get("Name") or "") == wanted:
                     return found
-        return None
-
-    def version(self, dist):
-        try:
-            found = self._distribution(dist)
-            return found.version if found is not None else None
+            for entry in self.paths:  # an unpacked sdist: PKG-INFO at its root
+                if os.path.isfile(os.path.join(entry, "PKG-INFO")):
+                    found = metadata.PathDistribution(Path(entry))
+                    if _normal(found.metadata.get("Name") or "") == wanted:
+                        return found
         except OSError as exc:  # a metadata folder that does not read (a symlink loop)
             raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
-
-    def version_source(self, dist):
-        try:
-            found = self._distribution(dist)
-            return _metadata_file(found) if found is not None else None
-        except OSError as exc:
-            raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
+        return None
 
     def entry_points(self, group):
         """``[(name, value, distribution)]`` of ``group`` from the distributions installed on
@@ -689,34 +679,29 @@ def reader():
     return _current.get() or _default
 
 
-class reading:
+@contextlib.contextmanager
+def reading(r):
     """``with reading(r): ...`` makes ``r`` the reader for the probes run inside."""
-
-    def __init__(self, r):
-        self.reader, self._token = r, None
-
-    def __enter__(self):
-        self._token = _current.set(self.reader)
-        return self.reader
-
-    def __exit__(self, *exc):
-        _current.reset(self._token)
+    token = _current.set(r)
+    try:
+        yield r
+    finally:
+        _current.reset(token)
 
 
 _recording = contextvars.ContextVar("flashfix_recording", default=None)
 
 
-class recording:
+@contextlib.contextmanager
+def recording():
     """``with recording() as files:`` lists in ``files`` every module source and distribution
     metadata read through ``find``/``version`` inside, with their sha256 (provenance)."""
-
-    def __enter__(self):
-        self.files = []
-        self._token = _recording.set(self.files)
-        return self.files
-
-    def __exit__(self, *exc):
-        _recording.reset(self._token)
+    files = []
+    token = _recording.set(files)
+    try:
+        yield files
+    finally:
+        _recording.reset(token)
 
 
 def _note(entry):
