@@ -104,14 +104,10 @@ def pack_problems(reader=None):
     return _registry.reader_problems()
 
 
-def _read_errors(reader):
-    return list(getattr(reader, "errors", None) or ())
-
-
 def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
     rows, cfg = diagnose(reader)
-    errors = _read_errors(reader)
+    errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
         for problem in errors:
             sys.stderr.write("flashfix: %s\n" % problem)
