@@ -210,16 +210,11 @@ def _meta_path_spec(name, path):
             continue  # ours only delegates to the finders behind it
         if finder is PathFinder:
             spec = _path_spec(name, sys.path if path is None else path)
-            if spec is not None:
-                return spec
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, path)
-        except Exception:  # a third-party finder that trips: the import system would raise, we say absent
-            continue
+        else:
+            try:
+                spec = finder.find_spec(name, path)
+            except Exception:  # none, or a third-party one that trips: the import system would raise, we say absent
+                spec = None
         if spec is not None:
             return spec
     return None

@@ -108,10 +108,8 @@ def _root(reader, value):
     found = reader.find(module)
     if found is None or not found.origin:
         raise LookupError("no module %s there" % module)
-    origin = found.origin
-    archive, _, member = origin.partition("!/")
-    path = member if member else origin
-    parts = path.replace(os.sep, "/").split("/")
+    archive, _, member = found.origin.partition("!/")  # a wheel's member, or a file
+    parts = (member or found.origin).replace(os.sep, "/").split("/")
     depth = len(module.split("."))
     if parts[-1] == "__init__.py":
         depth += 1

@@ -550,8 +550,7 @@ def _strict(patch, reason, affected):
         # import, so that every later import of them runs them again and fails again (the one
         # whose import is in progress fails now, with this error).
         for name in _records[patch.id]["targets"]:
-            module = sys.modules.get(name)
-            if module is not None and flashfix._complete(name):
+            if flashfix._complete(name):  # imported, its code run
                 del sys.modules[name]
         raise PatchError("flashfix strict mode: %s could not be applied to %s %s: %s" % (
             patch.id, patch.engine, _records[patch.id]["engine_version"], reason))

@@ -86,12 +86,9 @@ def check_holds_an_engine(reader, label):
     lister = getattr(reader, "entry_points", None)
     if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
         return
-    held = ""
     distributions = getattr(reader, "distributions", None)
-    if distributions is not None:
-        names = ["%s %s" % (n, v) for n, v in distributions() if n]
-        if names:
-            held = " (it holds %s)" % ", ".join(names)
+    names = ["%s %s" % (n, v) for n, v in distributions() if n] if distributions is not None else []
+    held = " (it holds %s)" % ", ".join(names) if names else ""
     raise _locate.SourceError("%s holds none of %s%s" % (
         label, ", ".join(sorted({p.engine for p in patches})), held))
 

@@ -185,10 +185,8 @@ class PythonReader:
         if not value.get("found"):
             return None
         origin, kind = value.get("origin"), value.get("kind")
-        if kind == "namespace" or kind == "sourceless":
-            return _locate.Found(name, origin, None)
-        if kind == "text":
-            return _locate.Found(name, origin, value.get("text"))
+        if kind != "file":  # a namespace package, a sourceless module, or the text its loader gave there
+            return _locate.Found(name, origin, value.get("text") if kind == "text" else None)
         try:
             if os.path.getsize(origin) > _locate.MAX_READ:
                 raise _locate.SourceError("%s is over %d MiB, more than any engine file: refused" % (
