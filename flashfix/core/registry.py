@@ -258,14 +258,12 @@ def _declare(entry):
         if key in _declared:
             return _declared[key]
         taken = [p.id for p in patches if p.id in _patches and _patches[p.id] is not p]
-        if taken:
-            problem = "the id %s is already taken by another pack or by flashfix" % ", ".join(taken)
-        else:
+        if not taken:
             for patch in patches:
                 register(patch)
             _declared[key] = patches
             return patches
-    return _skip(key, entry, problem)
+    return _skip(key, entry, "the id %s is already taken by another pack or by flashfix" % ", ".join(taken))
 
 
 def _skip(key, entry, problem):
