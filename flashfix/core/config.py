@@ -61,14 +61,9 @@ def parse(valid_ids, environ=None):
     problems = []
 
     strict_raw = env.get("FLASHFIX_STRICT", "").strip().lower()
-    if strict_raw in TRUE:
-        strict = True
-    else:
-        strict = False
-        if strict_raw not in FALSE:
-            problems.append(
-                "FLASHFIX_STRICT=%r is not a boolean; use 1 or 0 (treated as 0)" % env["FLASHFIX_STRICT"]
-            )
+    strict = strict_raw in TRUE
+    if not strict and strict_raw not in FALSE:
+        problems.append("FLASHFIX_STRICT=%r is not a boolean; use 1 or 0 (treated as 0)" % env["FLASHFIX_STRICT"])
 
     level = log_level(env.get("FLASHFIX_LOG_LEVEL", ""))
     if level is None:
@@ -81,15 +76,12 @@ def parse(valid_ids, environ=None):
     disable_raw = env.get("FLASHFIX_DISABLE", "").strip()
     items = [item.strip() for item in disable_raw.split(",") if item.strip()]
     disable_all = any(item.lower() == "all" for item in items)
-    disabled = set()
-    if items:
-        items = [item for item in items if item.lower() != "all"]
-        unknown = [item for item in items if item not in valid_ids]
-        disabled = {item for item in items if item in valid_ids}
-        if unknown:
-            problems.append(
-                "FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
-                % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids)))
-            )
-
-    return Config(disable_all, frozenset(disabled), strict, level, tuple(problems))
+    ids = [item for item in items if item.lower() != "all"]
+    unknown = [item for item in ids if item not in valid_ids]
+    if unknown:
+        problems.append(
+            "FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
+            % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids)))
+        )
+    disabled = frozenset(item for item in ids if item in valid_ids)
+    return Config(disable_all, disabled, strict, level, tuple(problems))

@@ -23,6 +23,7 @@ exactly what a verdict was decided from. ``open_path`` and ``Composite`` build t
 ``flashfix doctor --path``; ``flashfix.tools.remote.PythonReader`` is ``--python``.
 """
 
+import contextlib
 import contextvars
 import hashlib
 import os
@@ -93,35 +94,34 @@ class ImportSystem:
     label = "this interpreter"
 
     def find(self, name):
-        module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None) if module is not None else None
+        module = self._module(name)
+        spec = getattr(module, "__spec__", None)
         if spec is None:
             spec = self._spec(name)
             if spec is None:
                 return None
+            if spec is _UNFOLLOWED:
+                return Found(name, None, None)  # somewhere a finder of an import line would look
         origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
         if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
             return Found(name, origin, None)  # a namespace package: no code at all
-        return Found(name, origin, _loader_source(spec.loader, name, origin))
+        return Found(name, origin, self._source(spec.loader, name, origin))
+
+    def _module(self, name):
+        return sys.modules.get(name)
+
+    def _source(self, loader, name, origin):
+        return _loader_source(loader, name, origin)
 
     def _spec(self, name):
+        """``name``'s spec, found as ``import`` does: top-level package first, each submodule on
+        its parent's search locations (``_component`` finds one); ``_UNFOLLOWED``: maybe, unread."""
         parts = name.split(".")
-        path = None
-        spec = None
+        path = spec = None
         for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            module = sys.modules.get(prefix)
-            if module is not None and depth < len(parts):
-                try:  # a namespace package's path is recomputed from its parent, which a failed
-                    path = list(module.__path__)  # import may have left out of sys.modules
-                    continue
-                except AttributeError:
-                    return None
-                except Exception:
-                    pass  # located below as if it were not imported
-            spec = _meta_path_spec(prefix, path)
-            if spec is None:
-                return None
+            spec = self._component(".".join(parts[:depth]), path, depth == len(parts))
+            if spec is None or spec is _UNFOLLOWED:
+                return spec
             if depth < len(parts):
                 if spec.submodule_search_locations is None:
                     return None
@@ -129,22 +129,34 @@ class ImportSystem:
                 path = list(spec.submodule_search_locations)
         return spec
 
-    def version(self, dist):
+    def _component(self, name, path, last):
+        """The spec of one component ``name`` on ``path`` (None: the top level)."""
+        module = sys.modules.get(name)
+        if module is not None and not last:
+            try:  # a namespace package's path is recomputed from its parent, which a failed
+                return _package(name, module.__path__)  # import may have left out of sys.modules
+            except AttributeError:
+                return None
+            except Exception:
+                pass  # located below as if it were not imported
+        return _meta_path_spec(name, path)
+
+    def _distribution(self, dist):
         from importlib import metadata
 
         try:
-            return metadata.version(dist)
+            return metadata.distribution(dist)
         except metadata.PackageNotFoundError:
             return None
+
+    def version(self, dist):
+        found = self._distribution(dist)
+        return found.version if found is not None else None
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
-        from importlib import metadata
-
-        try:
-            return _metadata_file(metadata.distribution(dist))
-        except metadata.PackageNotFoundError:
-            return None
+        found = self._distribution(dist)
+        return _metadata_file(found) if found is not None else None
 
     def describe(self):
         return self.label
@@ -164,7 +176,7 @@ def _metadata_file(distribution):
 def _path_spec(name, path):
     """What ``PathFinder.find_spec(name, path)`` finds, without its namespace-package object,
     which looks the parent package up in ``sys.modules`` (it is not imported here)."""
-    from importlib.machinery import ModuleSpec, PathFinder
+    from importlib.machinery import PathFinder
 
     portions = []
     for entry in path:
@@ -178,11 +190,16 @@ def _path_spec(name, path):
         if spec.loader is not None:
             return spec
         portions.extend(spec.submodule_search_locations or ())
-    if portions:
-        spec = ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = portions
-        return spec
-    return None
+    return _package(name, portions) if portions else None
+
+
+def _package(name, locations):
+    """A spec of a package without code (a namespace package) whose submodules are in ``locations``."""
+    from importlib.machinery import ModuleSpec
+
+    spec = ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = list(locations)
+    return spec
 
 
 def _meta_path_spec(name, path):
@@ -193,16 +210,11 @@ def _meta_path_spec(name, path):
             continue  # ours only delegates to the finders behind it
         if finder is PathFinder:
             spec = _path_spec(name, sys.path if path is None else path)
-            if spec is not None:
-                return spec
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, path)
-        except Exception:  # a third-party finder that trips: the import system would raise, we say absent
-            continue
+        else:
+            try:
+                spec = finder.find_spec(name, path)
+            except Exception:  # none, or a third-party one that trips: the import system would raise, we say absent
+                spec = None
         if spec is not None:
             return spec
     return None
@@ -309,8 +321,8 @@ class ZipReader:
         import tokenize
 
         try:
-            text = tokenize.decode_source(raw) if hasattr(tokenize, "decode_source") else io.TextIOWrapper(
-                io.BytesIO(raw), encoding=tokenize.detect_encoding(io.BytesIO(raw).readline)[0]).read()
+            encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+            text = io.TextIOWrapper(io.BytesIO(raw), encoding=encoding).read()
         except (SyntaxError, UnicodeDecodeError, LookupError):
             text = None  # undecodable: as a loader's get_source would fail, the shape cannot be read
         return Found(name, origin, text, sha)
@@ -364,19 +376,14 @@ class PathReader(ImportSystem):
         self.namespaces = dict(namespaces or {})
         self.opaque = list(opaque)
 
-    def find(self, name):
-        spec = self._spec(name)
-        if spec is None:
-            return None
-        if spec is _UNFOLLOWED:
-            return Found(name, None, None)  # somewhere a finder of an import line would look
-        origin = spec.origin
-        if spec.submodule_search_locations is not None and (spec.loader is None or origin in (None, "namespace")):
-            return Found(name, origin, None)
+    def _module(self, name):
+        return None  # this interpreter's modules are not the environment read
+
+    def _source(self, loader, name, origin):
         if origin and os.path.isfile(origin) and os.path.getsize(origin) > MAX_READ:
             raise SourceError("%s: %s is over %d MiB, more than any engine file: refused" % (
                 self.label, origin, MAX_READ >> 20))
-        return Found(name, origin, _loader_source(spec.loader, name, origin))
+        return _loader_source(loader, name, origin)
 
     def _mapped_spec(self, name):
         """What a setuptools editable finder (behind the path finder) answers for ``name``."""
@@ -394,27 +401,14 @@ class PathReader(ImportSystem):
         if parent in self.editable:
             return _path_spec(name, [self.editable[parent]])
         if name in self.namespaces:
-            from importlib.machinery import ModuleSpec
-
-            spec = ModuleSpec(name, None, is_package=True)
-            spec.submodule_search_locations = list(self.namespaces[name])
-            return spec
+            return _package(name, self.namespaces[name])
         return None
 
-    def _spec(self, name):
-        parts = name.split(".")
-        path, spec = self.paths, None
-        for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            spec = _path_spec(prefix, path) or self._mapped_spec(prefix)
-            if spec is None:
-                if _dangling(parts[depth - 1], path) or (depth == 1 and self.opaque):
-                    return _UNFOLLOWED  # there, but unreadable (a symlink loop), or a finder may serve it
-                return None
-            if depth < len(parts):
-                if spec.submodule_search_locations is None:
-                    return None
-                path = list(spec.submodule_search_locations)
+    def _component(self, name, path, last):
+        path = self.paths if path is None else path
+        spec = _path_spec(name, path) or self._mapped_spec(name)
+        if spec is None and (_dangling(name.rpartition(".")[2], path) or ("." not in name and self.opaque)):
+            return _UNFOLLOWED  # there, but unreadable (a symlink loop), or a finder may serve it
         return spec
 
     def _distribution(self, dist):
@@ -422,29 +416,18 @@ class PathReader(ImportSystem):
         from pathlib import Path
 
         wanted = _normal(dist)
-        for found in metadata.distributions(path=self.paths):
-            if _normal(found.metadata.get("Name") or "") == wanted:
-                return found
-        for entry in self.paths:  # an unpacked sdist: PKG-INFO at its root
-            if os.path.isfile(os.path.join(entry, "PKG-INFO")):
-                found = metadata.PathDistribution(Path(entry))
+        try:
+            for found in metadata.distributions(path=self.paths):
                 if _normal(found.metadata.get("Name") or "") == wanted:
                     return found
-        return None
-
-    def version(self, dist):
-        try:
-            found = self._distribution(dist)
-            return found.version if found is not None else None
+            for entry in self.paths:  # an unpacked sdist: PKG-INFO at its root
+                if os.path.isfile(os.path.join(entry, "PKG-INFO")):
+                    found = metadata.PathDistribution(Path(entry))
+                    if _normal(found.metadata.get("Name") or "") == wanted:
+                        return found
         except OSError as exc:  # a metadata folder that does not read (a symlink loop)
             raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
-
-    def version_source(self, dist):
-        try:
-            found = self._distribution(dist)
-            return _metadata_file(found) if found is not None else None
-        except OSError as exc:
-            raise SourceError("%s: cannot read the distribution metadata: %s" % (self.label, exc)) from exc
+        return None
 
     def entry_points(self, group):
         """``[(name, value, distribution)]`` of ``group`` from the distributions installed on
@@ -561,7 +544,7 @@ def open_path(path):
     return r
 
 
-_UNFOLLOWED = object()  # PathReader._spec: not found, but it may be there unread
+_UNFOLLOWED = object()  # PathReader._component: not found, but it may be there unread
 
 
 def _dangling(part, path):
@@ -691,34 +674,29 @@ def reader():
     return _current.get() or _default
 
 
-class reading:
+@contextlib.contextmanager
+def reading(r):
     """``with reading(r): ...`` makes ``r`` the reader for the probes run inside."""
-
-    def __init__(self, r):
-        self.reader, self._token = r, None
-
-    def __enter__(self):
-        self._token = _current.set(self.reader)
-        return self.reader
-
-    def __exit__(self, *exc):
-        _current.reset(self._token)
+    token = _current.set(r)
+    try:
+        yield r
+    finally:
+        _current.reset(token)
 
 
 _recording = contextvars.ContextVar("flashfix_recording", default=None)
 
 
-class recording:
+@contextlib.contextmanager
+def recording():
     """``with recording() as files:`` lists in ``files`` every module source and distribution
     metadata read through ``find``/``version`` inside, with their sha256 (provenance)."""
-
-    def __enter__(self):
-        self.files = []
-        self._token = _recording.set(self.files)
-        return self.files
-
-    def __exit__(self, *exc):
-        _recording.reset(self._token)
+    files = []
+    token = _recording.set(files)
+    try:
+        yield files
+    finally:
+        _recording.reset(token)
 
 
 def _note(entry):

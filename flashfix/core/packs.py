@@ -38,6 +38,7 @@ import sys
 from collections import namedtuple
 
 import flashfix
+from flashfix.core.locate import _normal  # a distribution name as PEP 503 normalises it
 
 GROUP = "flashfix.patches"
 OWN = "flashfix"
@@ -48,14 +49,10 @@ OWN = "flashfix"
 Entry = namedtuple("Entry", "top name value dist root builtin", defaults=(None, False))
 
 
-def label(entry):
-    """How a log line names a pack: its distribution and its entry point."""
-    return "pack %s (entry point %s = %s%s)" % (entry.dist or "?", entry.name, entry.value,
-                                                 ", built in" if entry.builtin else "")
-
-
-def _own():
-    return [Entry(top, top, module, OWN, None, True) for top, module in flashfix.PATCH_MODULES.items()]
+def skipped(entry, problem):
+    """The problem line of a pack that is skipped: its distribution, its entry point and why."""
+    return "pack %s (entry point %s = %s%s) skipped, none of its patches is loaded: %s" % (
+        entry.dist or "?", entry.name, entry.value, ", built in" if entry.builtin else "", problem)
 
 
 def _merge(listed):
@@ -66,15 +63,10 @@ def _merge(listed):
     own = [e for e in listed if e.dist is not None and _normal(e.dist) == OWN]
     values = {e.value for e in own}
     order = {module: i for i, module in enumerate(flashfix.PATCH_MODULES.values())}
-    ours = sorted(own + [e for e in _own() if e.value not in values],
+    builtin = [Entry(top, top, module, OWN, None, True) for top, module in flashfix.PATCH_MODULES.items()]
+    ours = sorted(own + [e for e in builtin if e.value not in values],
                   key=lambda e: order.get(e.value.split(":", 1)[0].strip(), len(order)))
     return ours + [e for e in listed if e not in own]
-
-
-def _normal(name):
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 _installed_cache = []
@@ -97,8 +89,7 @@ def foreign(reader):
     --path/--python``): the packs listed there, each with the folder to import it from;
     flashfix's own entries there are left out (this copy's patches are judged)."""
     lister = getattr(reader, "entry_points", None)
-    found = []
-    problems = []
+    found, problems = [], []
     for name, value, dist in (lister(GROUP) if lister is not None else ()):
         if dist is not None and _normal(dist) == OWN:
             continue
@@ -117,10 +108,8 @@ def _root(reader, value):
     found = reader.find(module)
     if found is None or not found.origin:
         raise LookupError("no module %s there" % module)
-    origin = found.origin
-    archive, _, member = origin.partition("!/")
-    path = member if member else origin
-    parts = path.replace(os.sep, "/").split("/")
+    archive, _, member = found.origin.partition("!/")  # a wheel's member, or a file
+    parts = (member or found.origin).replace(os.sep, "/").split("/")
     depth = len(module.split("."))
     if parts[-1] == "__init__.py":
         depth += 1

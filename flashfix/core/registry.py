@@ -50,10 +50,6 @@ _lock = threading.RLock()
 # Shape-probe results.
 FIXED, ABSENT, BUGGY, UNKNOWN = "fixed", "absent", "buggy", "unknown"
 
-# Doctor verdicts and runtime states.
-VERDICTS = ("patch", "fixed-upstream", "not-affected", "not-installed", "disabled", "unknown-shape")
-STATES = ("applied", "waiting", "fixed-upstream", "not-affected", "disabled", "not-installed", "unknown-shape", "failed")
-
 
 class PatchError(flashfix.HookAbort):
     """Strict mode: an affected engine could not be patched. Raised from the engine's import."""
@@ -262,18 +258,16 @@ def _declare(entry):
         if key in _declared:
             return _declared[key]
         taken = [p.id for p in patches if p.id in _patches and _patches[p.id] is not p]
-        if taken:
-            problem = "the id %s is already taken by another pack or by flashfix" % ", ".join(taken)
-        else:
+        if not taken:
             for patch in patches:
                 register(patch)
             _declared[key] = patches
             return patches
-    return _skip(key, entry, problem)
+    return _skip(key, entry, "the id %s is already taken by another pack or by flashfix" % ", ".join(taken))
 
 
 def _skip(key, entry, problem):
-    text = "%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem)
+    text = _packs.skipped(entry, problem)
     with _lock:
         if key in _declared:
             return _declared[key]
@@ -322,9 +316,8 @@ def _foreign(r):
     entries, failed = _packs.foreign(r)
     with _locate.reading(_locate._default):  # this copy's own patches; this interpreter's packs are not there
         own = {p.id: p for e in _entries() if _packs._normal(e.dist or "") == _packs.OWN for p in _declare(e)}
-    patches, found, seen = [], [], {}
-    for entry, problem in failed:
-        found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), problem))
+    patches, seen = [], set()
+    found = [_packs.skipped(entry, problem) for entry, problem in failed]
     for entry in entries:
         try:
             if entry.top not in flashfix.PATCH_MODULES:
@@ -334,10 +327,9 @@ def _foreign(r):
             if taken:
                 raise _packs.Problem("the id %s is already taken by another pack or by flashfix" % ", ".join(taken))
         except _packs.Problem as exc:
-            found.append("%s skipped, none of its patches is loaded: %s" % (_packs.label(entry), exc))
+            found.append(_packs.skipped(entry, exc))
             continue
-        for patch in loaded:
-            seen[patch.id] = patch
+        seen.update(patch.id for patch in loaded)
         patches.extend(loaded)
     result = (list(own.values()) + patches, found)
     try:
@@ -372,18 +364,18 @@ def load_engine(top):
         first = top not in _hooked
         _hooked.add(top)
     if first:
-        _hook_targets(declared, cfg)
+        _each(declared, lambda patch: _hook_patch(patch, cfg))
     if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
         raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
 
 
-def _hook_targets(declared, cfg):
-    """Hook every patch in ``declared`` to its targets; a strict failure of one (a target
-    already imported) is raised once all are hooked, so that none is left unwatched."""
+def _each(items, call):
+    """``call(item)`` for every item (a patch to hook, a target to watch); a strict failure of one
+    (a target already imported) is raised once all are done, so that none is left unwatched."""
     failures = []
-    for patch in declared:
+    for item in items:
         try:
-            _hook_patch(patch, cfg)
+            call(item)
         except flashfix.HookAbort as exc:
             failures.append(exc)
     if failures:
@@ -405,21 +397,7 @@ def _hook_patch(patch, cfg):
         return
     record["targets"] = targets
     record["reason"] = "waiting for %s" % ", ".join(targets)
-    failures = []
-    for target in targets:
-        try:
-            flashfix.when_imported(target, _arrival(patch))
-        except flashfix.HookAbort as exc:  # a target already imported: hook the others first
-            failures.append(exc)
-    if failures:
-        raise failures[0]
-
-
-def _arrival(patch):
-    def arrived(module):
-        _activate(patch)
-
-    return arrived
+    _each(targets, lambda target: flashfix.when_imported(target, lambda module: _activate(patch)))
 
 
 def engine_version(dist):
@@ -502,10 +480,9 @@ def _activate(patch):
             _decide(patch, record)
             with _lock:
                 key = _loaded_key(record["targets"])
-                if not record["again"] or key is None or key == record["decided"]:
-                    record["again"] = False
+                again, record["again"] = record["again"], False
+                if not again or key is None or key == record["decided"]:
                     break
-                record["again"] = False
     finally:
         with _lock:
             record["busy"] = False
@@ -571,8 +548,7 @@ def _strict(patch, reason, affected):
         # import, so that every later import of them runs them again and fails again (the one
         # whose import is in progress fails now, with this error).
         for name in _records[patch.id]["targets"]:
-            module = sys.modules.get(name)
-            if module is not None and flashfix._complete(name):
+            if flashfix._complete(name):  # imported, its code run
                 del sys.modules[name]
         raise PatchError("flashfix strict mode: %s could not be applied to %s %s: %s" % (
             patch.id, patch.engine, _records[patch.id]["engine_version"], reason))
@@ -622,9 +598,8 @@ def status():
     rows = []
     for patch in _patches.values():
         record = _records[patch.id]
-        state, version = record["state"], record["engine_version"]
-        reason = record["reason"]
-        if record["state"] == "waiting":
+        state, reason, version = record["state"], record["reason"], record["engine_version"]
+        if state == "waiting":
             version = version or engine_version(patch.engine)
             try:
                 targets = record["targets"] or targets_of(patch)

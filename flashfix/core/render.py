@@ -25,6 +25,7 @@ import ast
 import copy
 import difflib
 import re
+from collections import namedtuple
 
 BLOCKS = ("body", "orelse", "finalbody")
 
@@ -38,10 +39,6 @@ class RenderError(Exception):
 def _lines(text):
     """The lines of ``text`` with their endings, split on ``\\n`` only, as ``ast`` counts them."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
-
-
-def _dump(node):
-    return ast.dump(node)
 
 
 def _first_line(stmt):
@@ -66,13 +63,10 @@ def _strip_markers(node):
     return node
 
 
-class _Splice:
-    """One change of the text: lines ``first``..``last`` (1-based, inclusive; ``last ==
-    first - 1`` for an insertion before ``first``) become ``new`` lines, each reported at
-    ``at`` (a line of the installed file)."""
-
-    def __init__(self, first, last, new, at):
-        self.first, self.last, self.new, self.at = first, last, new, at
+# One change of the text: lines ``first``..``last`` (1-based, inclusive; ``last == first - 1``
+# for an insertion before ``first``) become ``new`` lines, each reported at ``at`` (a line of
+# the installed file).
+_Splice = namedtuple("_Splice", "first last new at")
 
 
 class _Unsplicable(Exception):
@@ -136,7 +130,7 @@ class _Splicer:
             self.splices.append(_Splice(line, line - 1, self._text(new, indent), after.end_lineno))
 
     def block(self, old, new):
-        a, b = [_dump(s) for s in old], [_dump(s) for s in new]
+        a, b = [ast.dump(s) for s in old], [ast.dump(s) for s in new]
         matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if tag == "equal":
@@ -334,20 +328,16 @@ def _splice(lines, start, end, original, edited):
     for splice in sorted(splicer.splices, key=lambda s: (s.first, s.last)):
         if splice.first < number:
             raise _Unsplicable()  # overlapping changes
-        while number < splice.first:
-            out.append(lines[number - 1])
-            line_map.append(number)
-            number += 1
+        out.extend(lines[number - 1:splice.first - 1])  # the unchanged lines before it
+        line_map.extend(range(number, splice.first))
         out.extend(splice.new)
         if splice.last >= splice.first:  # a replacement: line k reports as installed line first + k, at most last
             line_map.extend(min(splice.first + k, splice.last) for k in range(len(splice.new)))
         else:  # an insertion: as the line it is put before (or after)
             line_map.extend([splice.at] * len(splice.new))
         number = splice.last + 1
-    while number <= end:
-        out.append(lines[number - 1])
-        line_map.append(number)
-        number += 1
+    out.extend(lines[number - 1:end])
+    line_map.extend(range(number, end + 1))
     return out, line_map
 
 
@@ -371,15 +361,13 @@ def render(text, original, edited, origin=None):
                 raise _Unsplicable()
         except _Unsplicable:
             whole.append(version)
-            candidate, line_map = None, None
+            unparsed = ast.unparse(expected).split("\n")
+            line_map = [min(start + i, end) for i in range(len(unparsed))]
             for prefix in (indent, ""):
-                unparsed = ast.unparse(expected).split("\n")
-                attempt = "".join(prefix + line + "\n" for line in unparsed)
-                attempt_map = [min(start + i, end) for i in range(len(unparsed))]
-                if _same(attempt, attempt_map, expected):
-                    candidate, line_map = attempt, attempt_map
+                candidate = "".join(prefix + line + "\n" for line in unparsed)
+                if _same(candidate, line_map, expected):
                     break
-            if candidate is None:
+            else:
                 raise RenderError("the edited %s cannot be written back as source" % getattr(original, "name", "function"))
         texts[version], maps[version] = candidate, line_map
     return Rendered(origin, start, before, texts, maps, tuple(whole))

@@ -4,22 +4,16 @@ import argparse
 import sys
 
 
-class _Source(argparse.Action):
-    """``--path`` / ``--python`` values, kept in command-line order (earlier wins, as on sys.path)."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        sources = list(getattr(namespace, "sources", None) or [])
-        sources.append(("python" if option_string == "--python" else "path", value))
-        namespace.sources = sources
-
-
 def _add_sources(parser):
+    """``--path`` / ``--python``: ``sources``, ``(kind, value)`` in command-line order (earlier
+    wins, as on sys.path)."""
     parser.set_defaults(sources=[])
-    parser.add_argument("--path", action=_Source, metavar="PATH",
+    parser.add_argument("--path", dest="sources", action="append", type=lambda value: ("path", value), metavar="PATH",
                         help="read the engines from PATH instead of this environment: a wheel (read from the zip, "
                              "not installed), a site-packages folder or a source tree; repeat to read several as one "
                              "environment (e.g. an SGLang wheel and a FlashInfer wheel)")
-    parser.add_argument("--python", action=_Source, metavar="EXE",
+    parser.add_argument("--python", dest="sources", action="append", type=lambda value: ("python", value),
+                        metavar="EXE",
                         help="read the environment of the interpreter EXE (it is asked where modules and "
                              "distributions are; no engine is imported there)")
 
@@ -79,12 +73,9 @@ def main(argv=None):
     if args.command in ("doctor", "diff"):
         from flashfix.core import locate as _locate
 
+        opened = []  # open_sources closes what it opened when it fails
         try:
             reader, opened = open_sources(args.sources)
-        except _locate.SourceError as exc:
-            sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
-            return 2
-        try:
             if args.command == "doctor":
                 from flashfix.tools import doctor as _doctor
 

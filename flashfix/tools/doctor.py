@@ -86,12 +86,9 @@ def check_holds_an_engine(reader, label):
     lister = getattr(reader, "entry_points", None)
     if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
         return
-    held = ""
     distributions = getattr(reader, "distributions", None)
-    if distributions is not None:
-        names = ["%s %s" % (n, v) for n, v in distributions() if n]
-        if names:
-            held = " (it holds %s)" % ", ".join(names)
+    names = ["%s %s" % (n, v) for n, v in distributions() if n] if distributions is not None else []
+    held = " (it holds %s)" % ", ".join(names) if names else ""
     raise _locate.SourceError("%s holds none of %s%s" % (
         label, ", ".join(sorted({p.engine for p in patches})), held))
 
@@ -104,14 +101,10 @@ def pack_problems(reader=None):
     return _registry.reader_problems()
 
 
-def _read_errors(reader):
-    return list(getattr(reader, "errors", None) or ())
-
-
 def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
     rows, cfg = diagnose(reader)
-    errors = _read_errors(reader)
+    errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
         for problem in errors:
             sys.stderr.write("flashfix: %s\n" % problem)

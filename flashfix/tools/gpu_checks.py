@@ -23,6 +23,7 @@ Errors are relative L2 errors ``|out - ref| / |ref|`` of the whole output, with 
 computed in float64 from exactly the values the kernel reads (bf16 inputs, dequantised FP8).
 """
 
+import itertools
 import logging
 import math
 import os
@@ -237,16 +238,24 @@ class _VllmImplStandIn:
         return out_prefill
 
 
-def _rewritten_copy(original, edit):
-    """A copy of ``original`` with a vLLM patch edit applied through the registry's rewrite, as
-    the patch does to vLLM's own function."""
-    from flashfix import vllm_patch
+def _twin(original):
+    """A copy of the function ``original``, to be patched in its place (the patch ids loaded)."""
     from flashfix.core import registry as _registry
 
     _registry.load_all()  # the patch ids must be known for its run markers
     twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
                               original.__closure__)
     twin.__qualname__ = original.__qualname__
+    return twin
+
+
+def _rewritten_copy(original, edit):
+    """A copy of ``original`` with a vLLM patch edit applied through the registry's rewrite, as
+    the patch does to vLLM's own function."""
+    from flashfix import vllm_patch
+    from flashfix.core import registry as _registry
+
+    twin = _twin(original)
     _registry.rewrite(twin, edit, vllm_patch.PATCH_ID).apply()
     return twin
 
@@ -422,14 +431,10 @@ class _SglangBackendStandIn:
 def _fixed_sglang_forward_extend():
     """A copy of the stand-in with flashfix's SGLang FP8 patch applied by its own ``prepare``."""
     from flashfix import sglang_patch
-    from flashfix.core import registry as _registry
 
-    _registry.load_all()
-    patch = [p for p in sglang_patch.PATCHES if p.id == "sglang-fp8-kv-scales"][0]
     original = _SglangBackendStandIn.forward_extend
-    twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
-                              original.__closure__)
-    twin.__qualname__ = original.__qualname__
+    twin = _twin(original)
+    patch = [p for p in sglang_patch.PATCHES if p.id == "sglang-fp8-kv-scales"][0]
     cls = type("FlashInferAttnBackendTwin", (_SglangBackendStandIn,), {"forward_extend": twin})
     module = types.SimpleNamespace(__name__=__name__, __file__=original.__code__.co_filename,
                                    FlashInferAttnBackend=cls)
@@ -457,7 +462,7 @@ def fp8_paged(requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, kv_dtype=
     q = torch.randn(total_new, NUM_QO_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
     k_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
     v_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    qo_indptr = torch.tensor([0] + list(_cumsum(new_lens)), dtype=torch.int32)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(new_lens)), dtype=torch.int32)
 
     refs = []
     for i in range(len(requests)):
@@ -496,13 +501,6 @@ def fp8_paged(requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, kv_dtype=
     if log:
         log(row)
     return [row]
-
-
-def _cumsum(values):
-    total = 0
-    for value in values:
-        total += value
-        yield total
 
 
 # --- (c) sink wrappers of different configurations in one process -----------------------------

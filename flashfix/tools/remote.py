@@ -54,7 +54,6 @@ def probe_command(executable):
     raise _locate.SourceError("--python needs flashfix/tools/remote_probe.py, which this install of flashfix lacks")
 
 
-
 def _is_list_of(value, kind):
     return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
 
@@ -146,10 +145,8 @@ class PythonReader:
         try:
             line = self._lines.get(timeout=self.timeout)
         except queue.Empty:
-            problem = self._failure(what)
-            self.close()
-            raise _locate.SourceError(problem) from None
-        if line is None:
+            line = None
+        if line is None:  # it ended, or did not answer in time
             problem = self._failure(what)
             self.close()
             raise _locate.SourceError(problem)
@@ -188,10 +185,8 @@ class PythonReader:
         if not value.get("found"):
             return None
         origin, kind = value.get("origin"), value.get("kind")
-        if kind == "namespace" or kind == "sourceless":
-            return _locate.Found(name, origin, None)
-        if kind == "text":
-            return _locate.Found(name, origin, value.get("text"))
+        if kind != "file":  # a namespace package, a sourceless module, or the text its loader gave there
+            return _locate.Found(name, origin, value.get("text") if kind == "text" else None)
         try:
             if os.path.getsize(origin) > _locate.MAX_READ:
                 raise _locate.SourceError("%s is over %d MiB, more than any engine file: refused" % (

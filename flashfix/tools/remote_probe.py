@@ -137,14 +137,9 @@ def version(dist):
         found = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return {"version": None}
-    base = getattr(found, "_path", None)
-    file = None
-    if base is not None:
-        for name in ("METADATA", "PKG-INFO"):
-            if os.path.isfile(os.path.join(str(base), name)):
-                file = os.path.join(str(base), name)
-                break
-    return {"version": found.version, "file": file}
+    base = getattr(found, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
+    files = [os.path.join(str(base), name) for name in ("METADATA", "PKG-INFO")] if base is not None else []
+    return {"version": found.version, "file": next((f for f in files if os.path.isfile(f)), None)}
 
 
 def entry_points(group):

@@ -95,9 +95,8 @@ EXPECTED = {"patch": "applied", "fixed-upstream": "fixed-upstream", "not-affecte
             "disabled": "disabled", "not-installed": "not-installed", "unknown-shape": "unknown-shape"}
 
 
-def _child(code, timeout=None):
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
-    return proc
+def _child(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
 def _last_json(text, prefix=""):
@@ -111,8 +110,7 @@ def _last_json(text, prefix=""):
 
 
 def _say(message, as_json):
-    (sys.stderr if as_json else sys.stdout).write(message + "\n")
-    (sys.stderr if as_json else sys.stdout).flush()
+    print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
 def _run_checks(names, as_json, start):
