@@ -28,7 +28,7 @@ import ast
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, UNKNOWN, Shape
 from flashfix.core.source import ShapeError
-from flashfix.semantic import Backport, Rule
+from flashfix.semantic import Backport, Rule, find, match, pattern
 
 PATCH_ID = "vllm-sink-prefill"
 TARGET = "vllm.v1.attention.backends.flashinfer"
@@ -39,8 +39,6 @@ FACTORY = BUILDER + "._get_prefill_wrapper"
 SUPPORTS_SINK = "FlashInferBackend.supports_sink"
 # Builder attributes the sink branch reads; the builder must set each.
 _BUILDER_ATTRS = ("has_sinks", "is_kvcache_nvfp4", "q_data_type_prefill", "kv_cache_dtype", "head_dim", "window_left")
-# Capability tests of vLLM's platform interface that supports_sink may gate sinks with.
-_CAPABILITY_TESTS = ("is_device_capability", "is_device_capability_family")
 
 NVFP4_REFUSAL = ("FlashInfer cannot prefill with attention sinks from an NVFP4 KV cache (flashfix %s: the sink "
                  "wrapper does not read NVFP4); use a bf16 or FP8 KV cache or another attention backend" % PATCH_ID)
@@ -49,44 +47,31 @@ NVFP4_REFUSAL = ("FlashInfer cannot prefill with attention sinks from an NVFP4 K
 # --- $GPUS: where the build admits sinks while prefill runs the generic wrapper ------------------
 
 
-def _is_docstring(stmt):
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+# Returns of a gate that admit sinks only where prefill runs trtllm-gen, which applies them: the
+# argument-less ``supports_trtllm_attention()`` of builds up to 0.24 (whose ``use_trtllm_attention(
+# has_sinks=True)`` then routes prefill and decode of a sink model to trtllm-gen), or one asked
+# ``is_prefill=True``. A gate returning nothing or False refuses sinks.
+_TRTLLM_PREFILL = [pattern(p % f) for f in ("supports_trtllm_attention", "$_.supports_trtllm_attention")
+                   for p in ("%s()", "%s(is_prefill=True, **$$$_)")]
+# A capability test of vLLM's platform interface: ``P.is_device_capability[_family](N)``.
+_CAPABILITY = [pattern("$P.%s($C)" % name) for name in ("is_device_capability", "is_device_capability_family")]
 
 
-def _is_false(node):
-    return isinstance(node, ast.Constant) and node.value is False
-
-
-def _needs_trtllm_prefill(node):
-    """Does this return value require ``supports_trtllm_attention(is_prefill=True)``, or the
-    argument-less ``supports_trtllm_attention()`` of builds up to 0.24 (whose
-    ``use_trtllm_attention(has_sinks=True)`` then routes prefill and decode of a sink model to
-    trtllm-gen)? Then sinks are admitted only where prefill runs trtllm-gen, which applies them."""
-    for call in ast.walk(node):
-        if not isinstance(call, ast.Call):
-            continue
-        func = call.func
-        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if name != "supports_trtllm_attention":
-            continue
-        if not call.args and not call.keywords:
-            return True
-        if any(kw.arg == "is_prefill" and isinstance(kw.value, ast.Constant) and kw.value.value is True
-               for kw in call.keywords):
-            return True
-    return False
+def _admits_no_generic_prefill(value):
+    return (value is None or isinstance(value, ast.Constant) and value.value is False
+            or any(find(p, [value]) for p in _TRTLLM_PREFILL))
 
 
 def _capability_receivers(test, local_names):
-    """The names ``test`` asks for the GPU (``P.is_device_capability(C)`` /
-    ``P.is_device_capability_family(C)``, alone or joined by ``or``); ShapeError otherwise."""
+    """The names ``test`` asks for the GPU (capability tests, alone or joined by ``or``);
+    ShapeError otherwise."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
         return set().union(*(_capability_receivers(value, local_names) for value in test.values))
-    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr in _CAPABILITY_TESTS
-            and isinstance(test.func.value, ast.Name) and test.func.value.id not in local_names
-            and len(test.args) == 1 and not test.keywords and isinstance(test.args[0], ast.Constant)
-            and type(test.args[0].value) is int):
-        return {test.func.value.id}
+    for p in _CAPABILITY:
+        b = {}
+        if (match(p, test, b) and isinstance(b["P"], ast.Name) and b["P"].id not in local_names
+                and isinstance(b["C"], ast.Constant) and type(b["C"].value) is int):
+            return {b["P"].id}
     raise ShapeError("%s admits sinks with a generic prefill under `%s`, which is not a device-capability test "
                      "of a module global: cannot tell on which GPUs" % (SUPPORTS_SINK, ast.unparse(test)))
 
@@ -107,20 +92,19 @@ def sink_gpu_test(supports_sink):
     gates = []
     body = supports_sink.body
     for index, stmt in enumerate(body):
-        if index == 0 and _is_docstring(stmt):
-            continue
+        if index == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue  # the docstring
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             local_names.update((alias.asname or alias.name).split(".")[0] for alias in stmt.names)
             continue
         if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Return):
-            value = stmt.body[0].value
-            if value is None or _is_false(value) or _needs_trtllm_prefill(value):
+            if _admits_no_generic_prefill(stmt.body[0].value):
                 continue
             _capability_receivers(stmt.test, local_names)
             gates.append(stmt.test)
             continue
         if isinstance(stmt, ast.Return) and index == len(body) - 1:
-            if stmt.value is None or _is_false(stmt.value) or _needs_trtllm_prefill(stmt.value):
+            if _admits_no_generic_prefill(stmt.value):
                 continue
             raise ShapeError("%s ends with `return %s`: it admits sinks with a generic prefill on GPUs that no "
                              "capability test names" % (SUPPORTS_SINK, ast.unparse(stmt.value)))
