@@ -311,7 +311,8 @@ class Rule:
         self.every = every
         self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
         self.fixed = fixed or "%s has the fixed form `{form}`" % function
-        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, before_text(before))
+        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, _show(
+            before.value if isinstance(before, ast.Expr) else before))
 
     def _scopes(self, func):
         return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]
@@ -431,16 +432,15 @@ class Rule:
         ast.fix_missing_locations(func_def)
 
 
-def before_text(node):
-    return _show(node.value if isinstance(node, ast.Expr) else node)
-
-
 def _free_names(new, func):
-    """Names ``new`` reads that ``func`` does not bind (parameters, assignments, imports)."""
-    bound = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
+    """Names ``new`` reads that ``func`` (holding ``new``) binds nowhere: parameters (also of a
+    lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
+    bound = set()
     for n in ast.walk(func):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             bound.add(n.id)
+        elif isinstance(n, (ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)):
+            bound.add(getattr(n, "arg", None) or n.name)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             bound.update((a.asname or a.name).split(".")[0] for a in n.names)
     return {n.id for n in ast.walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)

@@ -12,6 +12,7 @@ import this_checkout
 this_checkout.flashfix()
 from flashfix import semantic, sglang_patch
 from flashfix.core import registry as _registry
+from flashfix.core import render as _render
 from flashfix.core import source as _source  # noqa: E402
 from flashfix.semantic import build, find, match, pattern  # noqa: E402
 
@@ -149,7 +150,7 @@ def probe(patch, text):
 
 def function_dump(patch, text):
     func = _source.find_def(ast.parse(text), patch.rule.hunks[0].function)
-    return ast.dump(_source._strip_markers(copy.deepcopy(func)))
+    return ast.dump(_render._strip_markers(copy.deepcopy(func)))
 
 
 @pytest.mark.parametrize("patch", [sglang_patch.FP8_KV_SCALES, sglang_patch.VISION_CONFIG], ids=lambda p: p.id)
@@ -201,3 +202,12 @@ def test_several_statements_insert_a_line_and_turn_back():
     # the same statements twice in one block: refused, not guessed
     twice = SOURCE.replace("        o2, s2", "        out = paged.forward(q, kv)\n        o2, s2", 1)
     assert shape(twice, **change)[1][1].kind == _registry.UNKNOWN
+
+
+def test_names_the_new_code_reads_must_resolve():
+    # a lambda's parameter, a comprehension variable and an `except ... as` name are bound by the
+    # function; a name bound nowhere is reported (the declaration refuses it unless the module has it)
+    func = ast.parse("def f(self, xs):\n    try:\n        pass\n    except E as err:\n        pass\n").body[0]
+    new = ast.parse("g(lambda v: v + 1, [y for y in xs], err, missing_helper)").body[0]
+    func.body.append(new)
+    assert semantic._free_names(new, func) == {"g", "missing_helper"}

@@ -103,7 +103,7 @@ def test_only_the_changed_statement_is_rewritten():
     assert added == ["            scale=layer.scale,", "        )"]
     assert removed == ["        )  # trailing comment"]  # the statement's own trailing comment goes with it
     # parsed back, the text is the edit, and that is what gets compiled
-    assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(_source._strip_markers(copy.deepcopy(edited)))
+    assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(_render._strip_markers(copy.deepcopy(edited)))
     assert ast.dump(rendered.tree(_render.MARKED)) == ast.dump(edited)
     marked = rendered.text(_render.MARKED).splitlines()
     assert [line for line in marked if line not in after] == ["        __flashfix_mark__('test:Engine.step')"]
@@ -213,7 +213,7 @@ def test_rewrite_compiles_the_rendered_text(engine_module):
         assert _source.code_difference(from_text, code) is None
         assert positions(from_text) == positions(code)
     # compiled straight from the edited AST the positions differ: the check above can tell
-    straight = _source._compile(func, _source._strip_markers(copy.deepcopy(edited)), tree)
+    straight = _source._compile(func, _render._strip_markers(copy.deepcopy(edited)), tree)
     assert _source.code_difference(straight, plain) is None
     assert positions(straight) != positions(plain)
 

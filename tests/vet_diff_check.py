@@ -123,7 +123,7 @@ for result in plans:
                 row["marker_in_" + key] = _source.MARK_NAME in code.co_names
             # the edited AST compiled directly (how the code was built before _render): its
             # positions differ from the swapped code's, so the positions check above can tell
-            straight = _source._compile(func, _source._strip_markers(copy.deepcopy(change.edited)), tree)
+            straight = _source._compile(func, _render._strip_markers(copy.deepcopy(change.edited)), tree)
             row["ast_positions_differ"] = positions(straight) != positions(done.plain)
         elif done is None:
             pass

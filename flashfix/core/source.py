@@ -396,15 +396,6 @@ def _contains_block(stmt, inner):
     return False
 
 
-def _strip_markers(node):
-    for parent in ast.walk(node):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if isinstance(block, list):
-                block[:] = [s for s in block if not getattr(s, "flashfix_marker", False)]
-    return node
-
-
 def function_source(func):
     """``(text, origin)``: the source of the module that ``func``'s code was compiled from, read
     now (through the module's loader, so a zipped module reads too). ShapeError if none."""
