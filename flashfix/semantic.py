@@ -538,7 +538,8 @@ class Declaration:
         read = [m for m, t in trees.items() if t is not None]
         said = {m: _mention(trees[m], rule.word) for m in read} if rule.word else {}
         if not rule.word or any(said.values()):
-            return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "no module", "".join(
+            return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "any module (none of %s is there)"
+                                                          % ", ".join(trees), "".join(
                 ", but %s mentions %r (line %d)" % (m, _first_word(n, rule.word), n.lineno)
                 for m, n in said.items() if n is not None)))
         missing = [m for m, t in trees.items() if t is None]

@@ -53,7 +53,7 @@ def test_vllm_check_builds_through_the_runtime_factory_edit():
     # The GPU check's factory is the runtime's own edit (the declaration's factory hunk) applied to a
     # stand-in of vLLM's pre-fix factory; here its constructions are recorded, on the CPU.
     code = '''
-import json, types
+import json, sys, types
 from flashfix.tools import gpu_checks as _gpu_checks
 from flashfix.core import registry as _registry
 
@@ -114,3 +114,31 @@ print("FLASHFIX_RESULT=" + json.dumps(out))
     assert r["forward sink"] == [["q", "kv", "S", "3.0"], {"out": "out", "v_scale": "4.0"}]
     assert r["forward generic"] == [["q", "kv"], {"k_scale": "3.0", "kv_cache_sf": "None", "out": "out",
                                                   "q_scale": "2.0", "v_scale": "4.0"}]
+
+
+def test_sglang_check_runs_the_fp8_declarations_own_edit():
+    # verify's fp8-paged check (GPU) runs this twin; on the CPU, record what its paged calls get.
+    # The test interpreter has no SGLang, as on a GPU box where verify checks FlashInfer alone: the
+    # twin must come from the stand-in's own source, never from an installed engine's.
+    code = '''
+import json, sys, types
+from flashfix.tools import gpu_checks
+
+calls = []
+class Recorder:
+    def __init__(self, tag):
+        self.tag = tag
+    def forward_return_lse(self, *args, **kwargs):
+        calls.append([self.tag, len(args), kwargs])
+        return self.tag + "-o", self.tag + "-s"
+gpu_checks.merge_state = lambda o1, s1, o2, s2: ([o1, o2], None)
+cls = gpu_checks._fixed_sglang_forward_extend()
+layer = types.SimpleNamespace(scaling=0.5, k_scale_float=2.0, v_scale_float=3.0)
+out = cls(Recorder("ragged"), Recorder("paged")).forward_extend("q", "k", "v", layer, "kv", True)
+report(calls=calls, out=out, sglang="sglang" in sys.modules)
+'''
+    (r,), _ = run_py(code)
+    assert r["sglang"] is False
+    assert r["out"] == ["ragged-o", "paged-o"]
+    assert r["calls"] == [["ragged", 3, {"causal": True, "sm_scale": 0.5}],
+                          ["paged", 2, {"causal": False, "sm_scale": 0.5, "k_scale": 2.0, "v_scale": 3.0}]]

@@ -249,14 +249,13 @@ def _twin(original):
     return twin
 
 
-def _rewritten_copy(original, edit):
-    """A copy of ``original`` with a vLLM patch edit applied through the registry's rewrite, as
-    the patch does to vLLM's own function."""
-    from flashfix import vllm_patch
+def _rewritten_copy(original, edit, patch_id="vllm-sink-prefill"):
+    """A copy of ``original`` with a patch's edit (a declaration's hunk) applied through the
+    registry's rewrite, as the patch does to the engine's own function."""
     from flashfix.core import registry as _registry
 
     twin = _twin(original)
-    _registry.rewrite(twin, edit, vllm_patch.PATCH_ID).apply()
+    _registry.rewrite(twin, edit, patch_id).apply()
     return twin
 
 
@@ -429,18 +428,12 @@ class _SglangBackendStandIn:
 
 
 def _fixed_sglang_forward_extend():
-    """A copy of the stand-in with flashfix's SGLang FP8 patch applied by its own ``prepare``."""
+    """A subclass of the stand-in whose ``forward_extend`` has the FP8 declaration's own edit."""
     from flashfix import sglang_patch
 
-    original = _SglangBackendStandIn.forward_extend
-    twin = _twin(original)
-    patch = [p for p in sglang_patch.PATCHES if p.id == "sglang-fp8-kv-scales"][0]
-    cls = type("FlashInferAttnBackendTwin", (_SglangBackendStandIn,), {"forward_extend": twin})
-    module = types.SimpleNamespace(__name__=__name__, __file__=original.__code__.co_filename,
-                                   FlashInferAttnBackend=cls)
-    for change in patch.prepare({patch.targets[0]: module}):
-        change.apply()
-    return cls
+    patch = sglang_patch.FP8_KV_SCALES
+    twin = _rewritten_copy(_SglangBackendStandIn.forward_extend, patch.rule.hunks[0].edit, patch.id)
+    return type("FlashInferAttnBackendTwin", (_SglangBackendStandIn,), {"forward_extend": twin})
 
 
 def fp8_paged(requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, kv_dtype=None, seed=0, log=None):
