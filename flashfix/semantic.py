@@ -540,7 +540,8 @@ class Declaration:
         if not rule.word or any(said.values()):
             return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "any module (none of %s is there)"
                                                           % ", ".join(trees), "".join(
-                ", but %s mentions %r (line %d)" % (m, _first_word(n, rule.word), n.lineno)
+                ", but %s mentions %r (line %d)" % (m, next(w for w in words(n) if rule.word.lower() in w.lower())[:50],
+                                                    n.lineno)
                 for m, n in said.items() if n is not None)))
         missing = [m for m, t in trees.items() if t is None]
         return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
@@ -592,10 +593,6 @@ class Declaration:
                                      self.needs[name], name)) if name in self.needs else ""))
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
-
-
-def _first_word(node, word):
-    return next(w for w in words(node) if word.lower() in w.lower())[:50]
 
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802

@@ -18,8 +18,9 @@ The runtime builds its changes from imported modules (each patch's ``prepare``);
 is the same edit made from source: each ``Patch`` carries its own ``plan(planner)`` (a
 declarative backport's is derived from its patterns, ``flashfix.semantic``), which runs the
 patch's own edits through ``Planner``, their questions about the imported modules asked of the
-source instead. Nothing here knows any engine. A test compiles the printed result and compares it with the code the runtime swaps in, on the
-real releases, so a plan that drifted from its patch fails there.
+source instead. Nothing here knows any engine. A test compiles the printed result and compares it
+with the code the runtime swaps in, on the real releases, so a plan that drifted from its patch
+fails there.
 """
 
 import ast
@@ -31,6 +32,7 @@ import sys
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source
+from flashfix.core.render import _lines
 from flashfix.core.source import ShapeError
 
 
@@ -89,12 +91,6 @@ def _module(name):
 
 def _lines_of(text, first, last):
     return "".join(_lines(text)[first - 1:last])
-
-
-def _lines(text):
-    import re
-
-    return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
 def locate(module, qualname):
