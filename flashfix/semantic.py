@@ -30,7 +30,8 @@ The rest of this module's documentation is the comment block below.
 # (``{"X": regex}`` on a metavariable's code), ``every`` (replace every match, not exactly one),
 # ``hunks`` (several ``Rule``s applied together), ``sites`` (the function moves between releases),
 # ``needs`` (``{name: module}``: a global the new code reads, added where the module lacks it),
-# ``context`` and ``check`` (procedural hooks, for what only code can read). ``$SELF`` is the
+# ``context`` and ``check`` (procedural hooks, for what only code can read; a ShapeError they raise
+# is an unknown shape, with its message as the reason). ``$SELF`` is the
 # function's first parameter; a ``$RAN`` statement in ``after`` places the one-time marker.
 #
 # Derived from the one declaration:
@@ -342,9 +343,8 @@ class Rule:
         if fixed is not None:
             return None, fixed
         scopes, given = self._scopes(func), self._given(func, given)
-        found = find(self.before, scopes, given)
-        refused = [(n, self._allowed(b)) for n, b in found if self._allowed(b)]
-        found = [(n, b) for n, b in found if not self._allowed(b)]
+        checked = [(n, b, self._allowed(b)) for n, b in find(self.before, scopes, given)]
+        found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
         if len(found) > 1 and not self.every:
             return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
                 _show(self.before), self.function, len(found), ", ".join(str(n.lineno) for n, _ in found)))
@@ -480,15 +480,10 @@ class Declaration:
         """Is the one hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
         return len(self.hunks) == 1 and self.hunks[0].derivable
 
-    def locate(self, tree_of):
-        """``(module, qualname, def node)`` of the first hunk's function where exactly one site
-        defines it, else ``(None, None, None)``; ``tree_of(module)`` gives a module's AST, None
-        or ``SOURCELESS``."""
-        defs = self._defs({}, tree_of)
-        return defs[0] if len(defs) == 1 else (None, None, None)
-
-    def _defs(self, trees, tree_of):
-        defs = []
+    def locate(self, tree_of, trees=None):
+        """``[(module, qualname, def node)]``: each site that defines the first hunk's function;
+        ``tree_of(module)`` gives a module's AST, None or ``SOURCELESS`` (kept in ``trees``)."""
+        trees, defs = {} if trees is None else trees, []
         for modname, qualname in self.sites:
             tree = trees[modname] = tree_of(modname)
             node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
@@ -499,7 +494,7 @@ class Declaration:
     def shape(self, tree_of):
         """``(Shape, [(rule, module, qualname, found)], bindings)`` with ``tree_of`` as for ``locate``."""
         trees = {}
-        defs = self._defs(trees, tree_of)
+        defs = self.locate(tree_of, trees)
         if len(defs) != 1:
             return self._absent(trees, defs), None, None
         located = [(self.hunks[0],) + defs[0]]
@@ -603,7 +598,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     the first hunk's function may live, one release layout each; ``needs``: ``{name: module}``
     for globals the new code reads that the target module may lack (taken from that module);
     ``context(tree, func)``: a procedural hook for what a pattern cannot say, returning
-    bindings for ``after`` or a Shape that decides; ``check(module)``: raises ShapeError to
+    bindings for ``after`` or a Shape that decides (a ShapeError: unknown shape); ``check(module)``: raises ShapeError to
     refuse at apply time, on what only the imported code can tell."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:

@@ -40,8 +40,7 @@ FP8_KV_SCALES = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.18.""")
 
 
-# (The three cases of SGLang's should_run_flashinfer_autotune, oldest first: where it lives.)
-AUTOTUNE_SITES = (
+AUTOTUNE_SITES = (  # where the decision lives, oldest layout first
     ("sglang.srt.model_executor.model_runner", "ModelRunner._should_run_flashinfer_autotune"),  # 0.5.6-0.5.13
     ("sglang.srt.model_executor.runner.base_runner", "BaseRunner._should_run_flashinfer_autotune"),  # 0.5.14
     ("sglang.srt.model_executor.runner.flashinfer_autotune", "should_run_flashinfer_autotune"),  # 0.5.15+

@@ -26,7 +26,7 @@ vllm-sink-prefill (vLLM PR #52148)
 import ast
 
 from flashfix.core import source as _source
-from flashfix.core.registry import ABSENT, UNKNOWN, Shape
+from flashfix.core.registry import ABSENT, Shape
 from flashfix.core.source import ShapeError
 from flashfix.semantic import Backport, Rule, find, match, pattern
 
@@ -111,23 +111,19 @@ def sink_gpu_test(supports_sink):
         raise ShapeError("%s has a statement flashfix does not read (line %d: `%s`): cannot tell on which GPUs "
                          "it admits sinks with a generic prefill"
                          % (SUPPORTS_SINK, stmt.lineno, ast.unparse(stmt).splitlines()[0]))
-    if not gates:
-        return None
-    if len(gates) == 1:
-        return gates[0]
-    return ast.BoolOp(op=ast.Or(), values=list(gates))
+    if len(gates) < 2:
+        return gates[0] if gates else None
+    return ast.BoolOp(op=ast.Or(), values=gates)
 
 
 def _sink_gpus(tree, factory):
-    """The declaration's context: ``{"GPUS": test}`` (``sink_gpu_test``), or the Shape when no
-    GPU needs the fix or the builder lacks what the sink branch reads."""
+    """The declaration's context: ``{"GPUS": test}`` (``sink_gpu_test``), not-affected when no GPU
+    needs the fix, a ShapeError (unknown shape) when it cannot tell or the builder lacks what the
+    sink branch reads."""
     supports = _source.find_def(tree, SUPPORTS_SINK)
     if supports is None:
-        return Shape(UNKNOWN, "not found: %s" % SUPPORTS_SINK)
-    try:
-        gpus = sink_gpu_test(supports)
-    except ShapeError as exc:
-        return Shape(UNKNOWN, str(exc))
+        raise ShapeError("not found: %s" % SUPPORTS_SINK)
+    gpus = sink_gpu_test(supports)
     if gpus is None:
         return Shape(ABSENT, "%s admits sinks only where prefill runs trtllm-gen (which applies them): FlashInfer's "
                              "generic prefill never sees sinks" % SUPPORTS_SINK)
@@ -136,7 +132,7 @@ def _sink_gpus(tree, factory):
                 and isinstance(t.ctx, ast.Store) and isinstance(t.value, ast.Name) and t.value.id == "self"}
     lacking = [a for a in _BUILDER_ATTRS if a not in assigned]
     if lacking:
-        return Shape(UNKNOWN, "%s never sets %s" % (BUILDER, ", ".join(lacking)))
+        raise ShapeError("%s never sets %s" % (BUILDER, ", ".join(lacking)))
     return {"GPUS": gpus}
 
 

@@ -61,7 +61,8 @@ functions = {
     sglang_patch.FP8_ID: plain(flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
     sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
 }
-site_module, site_name, _ = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
+defs = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
+site_module, site_name, _ = defs[0] if len(defs) == 1 else (None, None, None)
 if site_module is not None:
     owner = sys.modules[site_module]
     *outer, last = site_name.split(".")

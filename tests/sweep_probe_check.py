@@ -36,7 +36,8 @@ def trees_of(version, modules):
 
 
 def autotune(trees):
-    module, qualname, node = AUTOTUNE.locate(trees.get)
+    defs = AUTOTUNE.locate(trees.get)
+    module, qualname, node = defs[0] if len(defs) == 1 else (None, None, None)
     shape = AUTOTUNE.shape(trees.get)[0]
     return {"module": module, "qualname": qualname, "node": node is not None, "kind": shape.kind,
             "reason": shape.reason}
