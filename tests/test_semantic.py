@@ -7,6 +7,7 @@ import glob
 
 import pytest
 
+import engine_env  # noqa: E402
 import this_checkout
 
 this_checkout.flashfix()
@@ -132,12 +133,11 @@ def test_declaration_without_delete_when_is_refused():
 # --- real SGLang source ----------------------------------------------------------------------------
 
 
-def installed(release, module):
-    found = glob.glob("/root/.cache/flashfix-engines/sglang-%s/lib/python*/site-packages/%s.py"
-                      % (release, module.replace(".", "/")))
-    if not found:
-        pytest.skip("no sglang %s environment here (tests/engine_env.py builds it)" % release)
-    with open(found[0]) as handle:
+def installed(release, module, engine="sglang"):
+    """The text of ``module`` as installed in that release's environment (built if missing)."""
+    venv = engine_env.env_python("%s==%s" % (engine, release)).parent.parent
+    (found,) = glob.glob(str(venv / "lib" / "python*" / "site-packages" / (module.replace(".", "/") + ".py")))
+    with open(found) as handle:
         return handle.read()
 
 
@@ -211,3 +211,28 @@ def test_names_the_new_code_reads_must_resolve():
     new = ast.parse("g(lambda v: v + 1, [y for y in xs], err, missing_helper)").body[0]
     func.body.append(new)
     assert semantic._free_names(new, func) == {"g", "missing_helper"}
+
+
+TOPK = dict(module="vllm.v1.sample.ops.topk_topp_sampler", function="apply_top_k_top_p",
+            before="return apply_top_k_top_p_pytorch($L, $K, $P)",
+            after="is_cpu = current_platform.is_cpu()\nreturn apply_top_k_top_p_pytorch($L, $K, $P, allow_cpu_sync=is_cpu)")
+
+
+def test_several_statements_on_real_vllm_source():
+    # vLLM 0.30.0 turned the last statement of apply_top_k_top_p into two; 0.29.0 has the one
+    patch = semantic.Backport(id="t-topk", engine="vllm", versions=">=0.29", upstream="u", fixed_in="0.30.0",
+                              summary="s", doc="Delete when: never", **TOPK)
+    old, new = (installed(v, TOPK["module"], "vllm") for v in ("0.29.0", "0.30.0"))
+    assert probe(patch, new).kind == _registry.FIXED
+    assert probe(patch, old).kind == _registry.BUGGY
+    # the runtime's edit, rendered as the runtime compiles it: that one line becomes the two
+    func = _source.find_def(ast.parse(old), TOPK["function"])
+    edited = copy.deepcopy(func)
+    patch.rule.hunks[0].edit(edited, _source.marker("t:x"))
+    rendered = _source.render_edit(old, func, edited)
+    before, after = rendered.before.splitlines(), rendered.text(_render.PLAIN).splitlines()
+    assert [line for line in before if line not in after] == ["    return apply_top_k_top_p_pytorch(logits, k, p)"]
+    assert [line for line in after if line not in before] == [
+        "    is_cpu = current_platform.is_cpu()", "    return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=is_cpu)"]
+    # turned back, the fixed release's text is a pre-fix shape that the probe patches
+    assert probe(patch, semantic.derive_prefix(patch, new)).kind == _registry.BUGGY
