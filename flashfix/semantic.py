@@ -322,10 +322,11 @@ class Rule:
         args = func.args.posonlyargs + func.args.args
         return dict(given or {}, **({"SELF": ast.Name(args[0].arg, ast.Load())} if args else {}))
 
-    def fixed_form(self, func):
-        """The fixed-upstream Shape if ``func`` has a ``fixed_if`` form, else None."""
+    def fixed_form(self, func, scopes=None):
+        """The fixed-upstream Shape if ``func`` (its ``scopes``) has a ``fixed_if`` form, else None."""
+        scopes = self._scopes(func) if scopes is None else scopes
         for form in self.fixed_if:
-            found = find(form, self._scopes(func), self._given(func))
+            found = find(form, scopes, self._given(func))
             if found:
                 return Shape(FIXED, self._say(self.fixed, func, *found[0], form=_show(form)))
         return None
@@ -339,10 +340,10 @@ class Rule:
         """``([(node, bindings)] or None, Shape)`` for the def node ``func`` (None: not there)."""
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return None, Shape(ABSENT, "%s has no function %s" % (self.module, self.function))
-        fixed = self.fixed_form(func)
+        scopes, given = self._scopes(func), self._given(func, given)
+        fixed = self.fixed_form(func, scopes)
         if fixed is not None:
             return None, fixed
-        scopes, given = self._scopes(func), self._given(func, given)
         checked = [(n, b, self._allowed(b)) for n, b in find(self.before, scopes, given)]
         found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
         if len(found) > 1 and not self.every:
@@ -357,13 +358,13 @@ class Rule:
                 return None, Shape(UNKNOWN, "`%s` at line %d is not the pre-fix form: %s" % (
                     _text(refused[0][0])[:80], refused[0][0].lineno, refused[0][1]))
             return None, self._missing(func, scopes, tree)
+        context = find(self.where, [func], given) if self.where is not None else None
         for node, b in found:
-            if self.where is not None:
-                context = find(self.where, [func], given)
-                if len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items()):
-                    return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
-                        _show(self.before), node.lineno, self.function, len(context), _show(self.where),
-                        "whose bindings differ" if len(context) == 1 else "(expected one)"))
+            if context is not None and (
+                    len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items())):
+                return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
+                    _show(self.before), node.lineno, self.function, len(context), _show(self.where),
+                    "whose bindings differ" if len(context) == 1 else "(expected one)"))
             twice = [k.arg for c in ast.walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
                      for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
             if twice:
@@ -422,19 +423,21 @@ class Rule:
         found, shape = self.site(func_def, None, given)
         if shape.kind != BUGGY:
             raise ShapeError(shape.reason)
+        news = []
         for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
             new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
             _put(func_def, node, new)
             if not self.ran and number == 0:
                 _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
-            if names is not None:
-                names.update(_free_names(new, func_def))
+            news.append(new)
+        if names is not None:
+            names.update(_free_names(news, func_def))
         ast.fix_missing_locations(func_def)
 
 
-def _free_names(new, func):
-    """Names ``new`` reads that ``func`` (holding ``new``) binds nowhere: parameters (also of a
-    lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
+def _free_names(news, func):
+    """Names the new nodes ``news`` read that ``func`` (holding them) binds nowhere: parameters
+    (also of a lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
     bound = set()
     for n in ast.walk(func):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
@@ -443,7 +446,7 @@ def _free_names(new, func):
             bound.add(getattr(n, "arg", None) or n.name)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             bound.update((a.asname or a.name).split(".")[0] for a in n.names)
-    return {n.id for n in ast.walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    return {n.id for new in news for n in ast.walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
             and n.id not in bound and not hasattr(builtins, n.id) and n.id != _source.MARK_NAME}
 
 
@@ -497,15 +500,19 @@ class Declaration:
         defs = self.locate(tree_of, trees)
         if len(defs) != 1:
             return self._absent(trees, defs), None, None
-        located = [(self.hunks[0],) + defs[0]]
-        for rule in self.hunks[1:] + (None,):  # each hunk's function read only if no earlier one is fixed
-            fixed = located[-1][0].fixed_form(located[-1][3]) if located[-1][3] is not None else None
+        located = []
+        for index, rule in enumerate(self.hunks):  # a hunk's function is read only if no earlier one is fixed
+            if index == 0:
+                modname, qualname, func = defs[0]
+            else:
+                modname, qualname = rule.module, rule.function
+                if modname not in trees:
+                    trees[modname] = tree_of(modname)
+                func = _source.find_def(trees[modname], qualname) if isinstance(trees[modname], ast.Module) else None
+            fixed = rule.fixed_form(func) if func is not None else None
             if fixed is not None:
                 return fixed, None, None
-            if rule is not None:
-                tree = trees[rule.module] if rule.module in trees else trees.setdefault(rule.module, tree_of(rule.module))
-                node = _source.find_def(tree, rule.function) if isinstance(tree, ast.Module) else None
-                located.append((rule, rule.module, rule.function, node))
+            located.append((rule, modname, qualname, func))
         missing = [q for _, _, q, func in located if func is None]
         if missing:
             return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None

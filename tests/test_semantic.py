@@ -210,7 +210,7 @@ def test_names_the_new_code_reads_must_resolve():
     func = ast.parse("def f(self, xs):\n    try:\n        pass\n    except E as err:\n        pass\n").body[0]
     new = ast.parse("g(lambda v: v + 1, [y for y in xs], err, missing_helper)").body[0]
     func.body.append(new)
-    assert semantic._free_names(new, func) == {"g", "missing_helper"}
+    assert semantic._free_names([new], func) == {"g", "missing_helper"}
 
 
 TOPK = dict(module="vllm.v1.sample.ops.topk_topp_sampler", function="apply_top_k_top_p",
