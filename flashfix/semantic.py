@@ -617,6 +617,15 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
                  prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl)
 
 
+def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # noqa: N802
+    """A fix flashfix knows and does not carry, for an engine patch module's ``KNOWN`` (the doctor's
+    ``known-unfixed``; never applied). ``shape``: a ``Rule``, ``before`` the affected code; else by version."""
+    decl = Declaration(id, (shape,), None, None, None, None) if shape else None
+    return Patch(id=id, engine=engine, targets=(shape.module,) if shape else (), versions=versions, upstream=upstream,
+                 fixed_in=None, delete_when=None, summary=summary, doc=why_not, prepare=None, plan=None,
+                 probe=decl.probe if decl else lambda trees: Shape(BUGGY, "judged by version"))
+
+
 def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
