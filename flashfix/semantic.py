@@ -621,9 +621,8 @@ def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # n
     """A fix flashfix knows and does not carry, for an engine patch module's ``KNOWN`` (the doctor's
     ``known-unfixed``; never applied). ``shape``: a ``Rule``, ``before`` the affected code; else by version."""
     decl = Declaration(id, (shape,), None, None, None, None) if shape else None
-    return Patch(id=id, engine=engine, targets=(shape.module,) if shape else (), versions=versions, upstream=upstream,
-                 fixed_in=None, delete_when=None, summary=summary, doc=why_not, prepare=None, plan=None,
-                 probe=decl.probe if decl else lambda trees: Shape(BUGGY, "judged by version"))
+    return Patch(id, engine, (shape.module,) if shape else (), versions, upstream, None, None, summary,  # doc: why_not
+                 decl.probe if decl else lambda trees: Shape(BUGGY, "judged by version"), None, None, why_not)
 
 
 def derive_prefix(patch, text):

@@ -74,8 +74,7 @@ def _diagnose_one(patch, cfg):
 
 
 def known(reader=None):
-    """A ``known-unfixed`` row per fix flashfix knows and does not carry (``semantic.Known``, in the
-    ``KNOWN`` of its engine patch modules) that the environment read is affected by."""
+    """``known-unfixed`` rows: the uncarried fixes of the engine modules' ``KNOWN`` that affect the environment read."""
     rows = []
     with _locate.reading(reader or _locate.reader()):
         for item in [k for m in flashfix.PATCH_MODULES.values() for k in getattr(importlib.import_module(m), "KNOWN", ())]:
