@@ -617,6 +617,14 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
                  prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl)
 
 
+def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # noqa: N802
+    """A fix flashfix knows and does not carry, for an engine patch module's ``KNOWN`` (the doctor's
+    ``known-unfixed``; never applied). ``shape``: a ``Rule``, ``before`` the affected code; else by version."""
+    decl = Declaration(id, (shape,), None, None, None, None) if shape else None
+    return Patch(id, engine, (shape.module,) if shape else (), versions, upstream, None, None, summary,  # doc: why_not
+                 decl.probe if decl else lambda trees: Shape(BUGGY, "judged by version"), None, None, why_not)
+
+
 def derive_prefix(patch, text):
     """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
     function turned back into ``before``: a pre-fix shape. Lines outside the changed statement

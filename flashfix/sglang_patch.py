@@ -96,3 +96,23 @@ VISION_CONFIG = Backport(
 
 
 PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG)
+
+
+# --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
+
+from flashfix.semantic import Known, Rule  # noqa: E402
+
+KNOWN = (Known(
+    id="sglang-mla-chunked-prefix-lse-base", engine="sglang", versions=">=0.5.1",
+    upstream="https://github.com/sgl-project/sglang/issues/40903",
+    summary="MLA chunked-prefix attention on the FlashInfer backend hands FlashInfer's base-2 LSE to merge_state_v2, "
+            "which takes natural-log LSE: cached prefix and new tokens are mis-weighted on every long prefix-cache hit "
+            "(DeepSeek V2/V3/R1 and other MLA models)",
+    why_not="no upstream fix is merged (sglang#35045 is open); FlashInfer's own natural-log option (lse_base=\"ln\", "
+            "flashinfer#5257) is newer than every release's FlashInfer",
+    shape=Rule("sglang.srt.layers.attention.flashinfer_mla_backend", "FlashInferMhaChunkKVRunner.forward", every=True,
+               absent_unless_mentioned="FlashInferMhaChunkKVRunner",
+               before="$W.forward_return_lse($$$A, **$$$KW)", after="$W.forward_return_lse($$$A, **$$$KW, lse_base=\"ln\")",
+               fixed_if=("$_.forward_return_lse($$$_, lse_base=\"ln\", **$$$_)",
+                         "$_.forward_return_lse($$$_, return_lse_base_on_e=True, **$$$_)", "math.log(2)")),
+),)

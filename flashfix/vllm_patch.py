@@ -184,3 +184,21 @@ else:
     ))
 
 PATCHES = (SINK_PREFILL,)
+
+
+# --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
+
+from flashfix.semantic import Known  # noqa: E402
+
+KNOWN = (Known(
+    id="vllm-trtllm-multi-cta-kv-counter", engine="vllm", versions=">=0.20,<0.27",
+    upstream="https://github.com/flashinfer-ai/flashinfer/pull/3582",
+    summary="FlashInferImpl.forward's TRT-LLM decode and context calls pass no caller-owned multi-CTA KV counter "
+            "buffer (vLLM 0.33.0 passes one, sized for the DCP-gathered heads and allocated before CUDA-graph capture)",
+    why_not="the counter-buffer argument and get_trtllm_gen_multi_ctas_kv_counter_bytes arrive in flashinfer-python "
+            "0.6.16 (flashinfer#3582); these releases pin 0.6.14",
+    shape=Rule(TARGET, "FlashInferImpl.forward", every=True,
+               before="trtllm_batch_decode_with_kv_cache(**$$$KW)",
+               after="trtllm_batch_decode_with_kv_cache(**$$$KW, multi_ctas_kv_counter_buffer=$SELF._counter)",
+               fixed_if="trtllm_batch_decode_with_kv_cache($$$_, multi_ctas_kv_counter_buffer=$_, **$$$_)"),
+),)

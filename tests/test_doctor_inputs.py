@@ -75,7 +75,7 @@ def test_odd_metadata_reads_the_same_inside_and_through_python(tmp_path, case):
     assert inside.returncode == 0 and outside.returncode == 0, (inside.stderr, outside.stderr)
     rows = json.loads(inside.stdout)
     assert rows == json.loads(outside.stdout)
-    sglang = [r for r in rows if r["engine"] == "sglang"]
+    sglang = [r for r in rows if r["engine"] == "sglang" and r["verdict"] != "known-unfixed"]
     assert len(sglang) == 3
     from importlib.metadata import PathDistribution
 
@@ -240,7 +240,7 @@ def test_path_follows_a_setuptools_editable_finder(tmp_path):
     assert by_path.returncode == 0 and inside.returncode == 0, (by_path.stderr, inside.stderr)
     by_path, inside = json.loads(by_path.stdout), json.loads(inside.stdout)
     sglang = [r for r in by_path if r["engine"] == "sglang"]
-    assert [r["verdict"] for r in sglang] == ["patch"] * 3, sglang
+    assert [r["verdict"] for r in sglang] == ["patch"] * 3 + ["known-unfixed"], sglang
     assert vet_helpers.verdicts(by_path) == vet_helpers.verdicts(inside)
     assert vet_helpers.digests(by_path) == vet_helpers.digests(inside)
     module_files = [s["file"] for r in sglang for s in r["sources"] if "module" in s]
@@ -265,7 +265,8 @@ def test_path_never_calls_code_it_cannot_read_not_affected(tmp_path):
         proc = _run("doctor", "--json", "--path", where)
         assert proc.returncode == 0, proc.stderr
         sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
-        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 3, (where, sglang)
+        # the known, uncarried fix is named by version where its code cannot be read
+        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 3 + ["known-unfixed"], (where, sglang)
         assert _run("doctor", "--strict", "--path", where).returncode == 1
 
 

@@ -15,9 +15,11 @@ flashfix's own and those of the patch packs installed in the environment read
 verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
 
+import importlib
 import json
 import sys
 
+import flashfix
 from flashfix.core import locate as _locate
 from flashfix.core import packs as _packs
 from flashfix.core import registry as _registry
@@ -71,12 +73,23 @@ def _diagnose_one(patch, cfg):
     }
 
 
+def known(reader=None):
+    """``known-unfixed`` rows: the uncarried fixes of the engine modules' ``KNOWN`` that affect the environment read."""
+    rows = []
+    with _locate.reading(reader or _locate.reader()):
+        for item in [k for m in flashfix.PATCH_MODULES.values() for k in getattr(importlib.import_module(m), "KNOWN", ())]:
+            with _locate.recording() as sources:
+                row = _diagnose_one(item, _registry.config())
+            if row.pop("in_range") and row["verdict"] in ("patch", "unknown-shape"):
+                rows.append(dict(row, verdict="known-unfixed", sources=sources, reason="%s; not carried: %s; %s (%s)" % (
+                    item.summary, item.doc, item.upstream, row["reason"])))
+    return rows
+
+
 def check_holds_an_engine(reader, label):
     """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or
     patch packs:
     a wheel of an unrelated package is a mistake, not an environment without engines."""
-    import flashfix
-
     patches = _registry.load_all()
     with _locate.reading(reader):
         if any(_locate.version(p.engine) is not None for p in patches):
@@ -104,6 +117,7 @@ def pack_problems(reader=None):
 def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
     rows, cfg = diagnose(reader)
+    rows += known(reader)
     errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
         for problem in errors:

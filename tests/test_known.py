@@ -1,0 +1,102 @@
+"""Fixes flashfix knows of and does not carry (``KNOWN`` in the engine patch modules): the doctor names
+them (``known-unfixed``, with the upstream link) where the engine read is affected, judged on real
+releases (an installed SGLang 0.5.23 and vLLM 0.33.0, vLLM 0.26.0 / 0.27.0 read from PyPI as the
+sweep reads them); strict mode does not fail on them and ``status()`` does not list them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import engine_env
+from conftest import REPO
+
+MLA = "sglang-mla-chunked-prefix-lse-base"
+COUNTER = "vllm-trtllm-multi-cta-kv-counter"
+MLA_FILE = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def _site(requirement):
+    return next((engine_env.env_python(requirement).parent.parent / "lib").glob("python*/site-packages"))
+
+
+def doctor(*args):
+    return subprocess.run([sys.executable, "-m", "flashfix", "doctor"] + list(args), env=_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_sglang_0_5_23_names_the_mla_lse_fix_by_its_code_and_strict_passes():
+    site = _site("sglang==0.5.23")
+    proc = doctor("--strict", "--json", "--path", str(site))
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [r for r in json.loads(proc.stdout) if r["id"] == MLA]
+    assert row["verdict"] == "known-unfixed" and row["engine_version"] == "0.5.23"
+    assert row["upstream"] == "https://github.com/sgl-project/sglang/issues/40903"
+    assert row["fixed_in"] is None and row["affected_versions"] == ">=0.5.1"
+    # judged by the code: the line of the base-2 LSE call, read from the installed file
+    assert "FlashInferMhaChunkKVRunner.forward (line 187) has the pre-fix form" in row["reason"]
+    assert [s["file"] for s in row["sources"]][-1].endswith(MLA_FILE)
+    text = doctor("--strict", "--path", str(site))
+    assert text.returncode == 0
+    (line,) = [x for x in text.stdout.splitlines() if x.startswith(MLA)]
+    assert "known-unfixed" in line and "https://github.com/sgl-project/sglang/issues/40903" in line
+
+
+@pytest.mark.parametrize("fix", ['lse_base="ln", ', "return_lse_base_on_e=True, ", None])
+def test_the_mla_row_follows_the_code_not_the_version(tmp_path, fix):
+    """0.5.23's own file, copied with its METADATA: with upstream's candidate fixes written into its
+    forward_return_lse call, the doctor no longer names it; unedited, it does."""
+    site = _site("sglang==0.5.23")
+    text = (site / MLA_FILE).read_text()
+    call = "            o = wrapper.forward_return_lse(\n"
+    assert text.count(call) == 1
+    if fix is not None:
+        start = text.index("causal=False,\n", text.index(call))
+        text = text[:start] + fix + text[start:]
+        compile(text, MLA_FILE, "exec")
+    (tmp_path / MLA_FILE).parent.mkdir(parents=True)
+    (tmp_path / MLA_FILE).write_text(text)
+    (tmp_path / "sglang-0.5.23.dist-info").mkdir()
+    (tmp_path / "sglang-0.5.23.dist-info" / "METADATA").write_text(
+        (site / "sglang-0.5.23.dist-info" / "METADATA").read_text())
+    proc = doctor("--json", "--path", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in json.loads(proc.stdout) if r["id"] == MLA]
+    assert len(rows) == (1 if fix is None else 0)
+
+
+def test_vllm_counter_row_only_where_flashinfer_lacks_the_api():
+    site = _site("vllm==0.33.0")
+    proc = doctor("--strict", "--json", "--path", str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["verdict"] for r in json.loads(proc.stdout) if r["id"] in (MLA, COUNTER)] == []
+    code = '''
+import json, sys
+sys.path.insert(0, "scripts")
+import sweep_releases
+from flashfix.tools import doctor
+print(json.dumps({v: doctor.known(sweep_releases.wheel_reader("vllm", v)) for v in ("0.26.0", "0.27.0")}))
+'''
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows["0.27.0"] == []
+    (row,) = rows["0.26.0"]
+    assert row["id"] == COUNTER and row["verdict"] == "known-unfixed"
+    assert "FlashInferImpl.forward (line 2214) has the pre-fix form" in row["reason"]
+
+
+def test_status_does_not_list_known_fixes():
+    code = "import json, flashfix; print(json.dumps([r['id'] for r in flashfix.status()]))"
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ids = json.loads(out.stdout)
+    assert "sglang-fp8-kv-scales" in ids and MLA not in ids and COUNTER not in ids
