@@ -46,7 +46,7 @@ def child():
     import flashfix  # noqa: F401
     from flashfix.tools import gpu_checks as checks
 
-    common.emit({"env": checks.environment()})
+    common.emit({"env": common.environment()})
     checks.fp8_paged(log=lambda row: common.emit({"row": row}))
 
 
@@ -66,7 +66,7 @@ def main():
     warmers = [common.Child(__file__, ["--warm", w], cache, deadline=deadline) for w in ("paged", "merge")]
     main_child = common.Child(__file__, ["--child"], cache, deadline=deadline)
     rows, env, problems = common.gather(warmers + [main_child])
-    from flashfix.tools.gpu_checks import markdown, write_json
+    from _gpu_common import markdown, write_json
 
     print("## FP8 paged read with scales (sglang-fp8-kv-scales)\n")
     print(common.header(env) + "\n")

@@ -24,7 +24,7 @@ def child(backend, window):
     import flashfix  # noqa: F401  (flashfix's hooks first, as in production)
     from flashfix.tools import gpu_checks as checks
 
-    common.emit({"env": checks.environment()})
+    common.emit({"env": common.environment()})
     cases = [c for c in checks.SINK_CASES if (c[2] >= 0) == window]
     checks.sink_prefill(backend, cases=cases, log=lambda row: common.emit({"row": row}))
 
@@ -44,7 +44,7 @@ def main():
     rows, env, problems = common.gather(children)
     order = {name: i for i, (name, _, _) in enumerate(__import__("flashfix.tools.gpu_checks", fromlist=["_"]).SINK_CASES)}
     rows.sort(key=lambda r: (r["backend"] != "auto", order.get(r["case"], 99)))
-    from flashfix.tools.gpu_checks import markdown, write_json
+    from _gpu_common import markdown, write_json
 
     print("## Sink-aware prefill (vllm-sink-prefill)\n")
     print(common.header(env) + "\n")

@@ -1,26 +1,15 @@
-"""Numeric checks of the FlashInfer paths flashfix changes, on a GPU, against float64 references.
+"""Numeric checks of the FlashInfer paths flashfix changes, run on the engines' own code, on a GPU,
+against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
+functions, never when this module loads.
 
-Used by the benchmark scripts (``benchmarks/gpu_*.py``) and meant for a ``flashfix verify``
-command. Imported on demand only: torch and FlashInfer are imported inside the functions,
-never when this module loads. Nothing here needs vLLM or SGLang: their code paths are driven
-through flashfix's own patch code applied to small stand-ins defined below (a metadata
-builder, ``FlashInferImpl.forward``, ``FlashInferAttnBackend.forward_extend``) that hold the
-engines' pre-fix call statements.
-
-Three checks:
-
-``sink_prefill``     paged prefill of a model with attention sinks: FlashInfer's generic
-                     wrapper given ``sinks=`` (the pre-fix vLLM path, which drops the sinks)
-                     against the path flashfix's vLLM patch takes (its factory hunk makes the
-                     factory build the sink wrapper, its forward hunk dispatches the call).
-``fp8_paged``        SGLang's ragged + paged prefill over an FP8 (e4m3) cache with scales far
-                     from 1, merged by log-sum-exp: the paged read without the scales (pre-fix)
-                     against the call flashfix's SGLang patch produces.
-``sink_sequence``    several sink wrappers built one after another in one process (the JIT
-                     kernel-name collision): run it in a fresh process per sequence.
-
-Errors are relative L2 errors ``|out - ref| / |ref|`` of the whole output, with the reference
-computed in float64 from exactly the values the kernel reads (bf16 inputs, dequantised FP8).
+``sglang_fp8`` and ``vllm_sink`` take the patched function objects of the engine (installed, or
+loaded from a wheel or tree by ``EngineModuleFinder``, the engine modules it imports replaced by
+stand-ins) and the original code flashfix keeps for ``revert``, build only the call's arguments
+(``self``, the layer, the batch or metadata, holding what the function reads), run both on the
+same inputs, count the FlashInfer calls made from the engine's file (``Calls``) and report any
+stand-in the function read (``drive``: it cannot be driven). ``sink_sequence`` builds several
+sink wrappers in one process (the JIT kernel-name collision). Errors are relative L2 errors of
+the whole output against float64 computed from exactly the values the kernel reads.
 """
 
 import itertools
@@ -50,28 +39,6 @@ K_SCALE, V_SCALE = 0.05, 0.07
 
 
 # --- common -----------------------------------------------------------------------------------
-
-
-def environment():
-    import torch
-
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    try:
-        import flashinfer
-
-        info["flashinfer"] = getattr(flashinfer, "__version__", "?")
-    except Exception as exc:  # reported, the checks will fail on their own
-        info["flashinfer"] = "import failed: %r" % (exc,)
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info["gpu"] = props.name
-        info["capability"] = "%d.%d" % (props.major, props.minor)
-    else:
-        info["gpu"] = None
-    from flashfix import __version__
-
-    info["flashfix"] = __version__
-    return info
 
 
 def rel_l2(out, ref):
@@ -122,55 +89,36 @@ def reference(q, k, v, sm_scale, *, causal=True, window_left=-1, sinks=None):
     return torch.einsum("hnm,mhd->nhd", weights / denom, v)
 
 
-def time_ms(fn, warmup=3, iters=20):
-    """Median time of ``fn()`` in milliseconds (CUDA events)."""
+def _workspace(device="cuda"):
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def _workspace():
-    import torch
-
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    return torch.empty(WORKSPACE_BYTES if device == "cuda" else 8, dtype=torch.uint8, device=device)
 
 
 class PagedBatch:
     """A batch of requests over a paged cache (NHD, ``(k_cache, v_cache)``), pages shuffled."""
 
     def __init__(self, seqs, *, kv_dtype=None, page_size=PAGE_SIZE, head_dim=HEAD_DIM, seed=0,
-                 k_scale=1.0, v_scale=1.0):
+                 k_scale=1.0, v_scale=1.0, device="cuda"):
         import torch
 
         kv_dtype = kv_dtype or torch.bfloat16
-        gen = torch.Generator(device="cuda").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         self.seqs, self.page_size, self.head_dim = list(seqs), page_size, head_dim
         pages_per = [-(-kv // page_size) for _, kv in self.seqs]
         total_pages = sum(pages_per)
-        order = torch.randperm(total_pages, generator=gen, device="cuda").to(torch.int32)
+        order = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
         shape = (total_pages, page_size, NUM_KV_HEADS, head_dim)
-        true_k = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
-        true_v = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+        true_k = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        true_v = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
         # what the cache holds, and the values a correct read of it yields
         self.k_cache = (true_k / k_scale).to(kv_dtype)
         self.v_cache = (true_v / v_scale).to(kv_dtype)
         self.k_read = self.k_cache.double() * k_scale
         self.v_read = self.v_cache.double() * v_scale
         self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
-                             device="cuda").to(torch.bfloat16)
-        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device="cuda") * 2 + 3).float()
+                             device=device).to(torch.bfloat16)
+        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
         qo, kv_ind, last = [0], [0], []
         for (n, kv), pages in zip(self.seqs, pages_per):
             qo.append(qo[-1] + n)
@@ -222,279 +170,439 @@ class PagedBatch:
         )
 
 
-# --- (a) sink-aware prefill: vLLM's pre-fix path against flashfix's --------------------------
+# --- the engine's own code: installed, or loaded from a wheel or tree with stand-in imports ----
 
 
-class _VllmImplStandIn:
-    """The part of vLLM's ``FlashInferImpl`` that the sink-prefill patch rewrites: its
-    ``forward`` holds the pre-fix prefill call statement exactly as vLLM had it."""
+class _StandIn(type):
+    """The type of every stand-in: a class, so an engine class may derive from it; any
+    attribute, call, subscript or ``|`` of it is another stand-in (the same one per name). Each
+    use while ``_reads`` records is noted: the check says which the engine's function read."""
 
-    def __init__(self, scale, sinks):
-        self.scale = scale
-        self.sinks = sinks
+    def __getattr__(cls, name):
+        if name.startswith("__") or not cls.__dict__.get("_stand_in"):
+            raise AttributeError(name)
+        _read(cls, name)
+        return _stand_in("%s.%s" % (cls.__qualname__, name))
 
-    def forward(self, layer, prefill_wrapper, prefill_query, kv_cache_for_fi, out_prefill, kv_cache_sf):
-        prefill_wrapper.run(prefill_query, kv_cache_for_fi, q_scale=layer._q_scale_float, k_scale=layer._k_scale_float, v_scale=layer._v_scale_float, out=out_prefill, kv_cache_sf=kv_cache_sf, sinks=self.sinks)
-        return out_prefill
+    def __call__(cls, *args, **kwargs):
+        if not cls.__dict__.get("_stand_in"):
+            return super().__call__(*args, **kwargs)  # an engine class derived from a stand-in
+        if len(args) == 1 and not kwargs and isinstance(args[0], (types.FunctionType, type)):
+            return args[0]  # a decorator: the function as written (as a disabled debug decorator leaves it)
+        _read(cls, "()")
+        return _stand_in(cls.__qualname__ + "()")
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __or__(cls, other):
+        return cls
+
+    __ror__ = __or__
+
+    def __bool__(cls):
+        _read(cls, "bool")
+        return True
+
+    def __iter__(cls):
+        _read(cls, "iter")
+        return iter(())
 
 
-def _twin(original):
-    """A copy of the function ``original``, to be patched in its place (the patch ids loaded)."""
+_reads = []  # while a check records: [stand-in use, ...]
+_recording = []
+
+
+def _read(cls, what):
+    if _recording and cls.__dict__.get("_stand_in"):
+        _reads.append("%s %s" % (cls.__qualname__, what))
+
+
+_stand_ins = {}
+
+
+def _stand_in(name):
+    if name not in _stand_ins:
+        _stand_ins[name] = _StandIn(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "_stand_in": True})
+    return _stand_ins[name]
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in(self.__name__ + "." + name)
+
+
+class EngineModuleFinder:
+    """``import`` of ``target`` reads its source from ``reader`` (a wheel or tree,
+    ``locate.open_path``); every other module of the engine's top package is a stand-in module
+    (torch, FlashInfer and the standard library are real). Put after flashfix's finder, so the
+    registry hooks the target's import as it hooks the installed engine's."""
+
+    def __init__(self, reader, target):
+        self.reader, self.target, self.top = reader, target, target.split(".")[0]
+        self.found = reader.find(target)
+        if self.found is None or self.found.text is None:
+            raise ImportError("%s holds no source of %s" % (reader.describe(), target))
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        if name == self.target:
+            return importlib.util.spec_from_file_location(name, self.found.origin, loader=self)
+        if name.split(".")[0] == self.top:
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None if spec.name == self.target else _StandInModule(spec.name)
+
+    def exec_module(self, module):
+        if module.__name__ == self.target:
+            exec(compile(self.found.text, self.found.origin, "exec"), module.__dict__)
+
+    def get_source(self, name):
+        return self.found.text if name == self.target else None
+
+
+def engine_module(patch_id, path=None):
+    """``(module, patch record, engine version)``: the patch's target module as the runtime
+    leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
+    tree, its engine imports stand-ins); the other patches of the engine are disabled."""
+    import importlib
+    import sys
+
+    from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
-    _registry.load_all()  # the patch ids must be known for its run markers
-    twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
-                              original.__closure__)
-    twin.__qualname__ = original.__qualname__
-    return twin
+    patch = next(p for p in _registry.load_all() if p.id == patch_id)
+    others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
+    os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
+    del _registry._config_cache[:]
+    reader = _locate.open_path(path) if path else _locate.reader()
+    with _locate.reading(reader):
+        (target,) = _registry.targets_of(patch)
+        if path:  # after flashfix's finder, before the installed engine's
+            at = next((i + 1 for i, f in enumerate(sys.meta_path) if getattr(f, "flashfix_finder", False)), 0)
+            sys.meta_path.insert(at, EngineModuleFinder(reader, target))
+        module = importlib.import_module(target)
+    return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
 
 
-def _rewritten_copy(original, edit, patch_id="vllm-sink-prefill"):
-    """A copy of ``original`` with a patch's edit (a declaration's hunk) applied through the
-    registry's rewrite, as the patch does to the engine's own function."""
-    from flashfix.core import registry as _registry
-
-    twin = _twin(original)
-    _registry.rewrite(twin, edit, patch_id).apply()
-    return twin
-
-
-def _fixed_vllm_forward():
-    """The stand-in ``forward`` with the forward hunk of flashfix's declaration, as the runtime edits it."""
-    from flashfix import vllm_patch
-
-    return _rewritten_copy(_VllmImplStandIn.forward, vllm_patch.SINK_PREFILL.rule.hunks[1].edit)
+def live_and_original(record, qualname):
+    """The engine's function as patched (the live object) and the original code flashfix keeps
+    for ``revert``, as a function of its own."""
+    change = next(c for c in record["changes"] if getattr(c, "func", None) is not None
+                  and c.func.__qualname__ == qualname)
+    f = change.func
+    original = types.FunctionType(change.old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    original.__qualname__, original.__kwdefaults__ = f.__qualname__, f.__kwdefaults__
+    return f, original
 
 
-_STAND_IN_BACKEND = "auto"  # the generic wrapper's backend in the stand-in factory (set per check)
+class Calls:
+    """Counts the FlashInfer wrapper calls made from the engine's file, with their line."""
+
+    def __init__(self, engine_file):
+        self.file, self.log = engine_file, []
+
+    def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
+        import sys
+
+        for name in names:
+            method = getattr(wrapper, name)
+
+            def counted(*args, _m=method, _n=name, **kwargs):
+                caller = sys._getframe(1)
+                if caller.f_code.co_filename == self.file:
+                    self.log.append("%s.%s line %d" % (label, _n, caller.f_lineno))
+                return _m(*args, **kwargs)
+
+            wrapper.__dict__[name] = counted
+        return wrapper
+
+    def take(self):
+        taken, self.log = self.log, []
+        return taken
 
 
-def _prefix_vllm_factory(self, causal=True):
-    """vLLM's pre-fix ``FlashInferMetadataBuilder._get_prefill_wrapper``, reduced to its two
-    constructions of the generic wrapper (the statements flashfix's factory edit rewrites)."""
-    if causal:
-        if self._prefill_wrapper is None:
-            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
-        return self._prefill_wrapper
-    if self._noncausal_prefill_wrapper is None:
-        self._noncausal_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
-    return self._noncausal_prefill_wrapper
+def drive(func, args, kwargs, calls, allowed=()):
+    """``func(*args, **kwargs)``: ``(output, FlashInfer calls, error)``; stand-in reads other
+    than ``allowed`` (name prefixes) make it an error: the function read what verify cannot build."""
+    del _reads[:]
+    _recording.append(1)
+    try:
+        out, error = func(*args, **kwargs), None
+    except Exception as exc:
+        out, error = None, "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    finally:
+        _recording.pop()
+    unknown = sorted({r for r in _reads if not r.startswith(tuple(allowed))})
+    if unknown and error is None:
+        error = "cannot be driven: read stand-in(s) verify does not build: %s" % ", ".join(unknown)
+    return out, calls.take(), error
 
 
-# The GPU test that vLLM's pre-fix ``supports_sink`` admits sinks with (SM12x); the stand-in
-# ``current_platform`` below answers it as an SM12x GPU would, on any GPU.
-SINK_GPUS = "current_platform.is_device_capability_family(120)"
+def _where(func):
+    return "%s:%d" % (func.__code__.co_filename, func.__code__.co_firstlineno)
 
 
-_fixed_factory = []
-
-
-def _fixed_vllm_factory():
-    """The stand-in factory with the factory hunk of flashfix's declaration (``$GPUS`` as below), made once
-    per process (it reads its classes from the module globals at each call)."""
-    import ast
-    import functools
-
-    from flashfix import vllm_patch
-
-    if not _fixed_factory:
-        edit = functools.partial(vllm_patch.SINK_PREFILL.rule.hunks[0].edit, given={
-            "GPUS": ast.parse(SINK_GPUS, mode="eval").body})
-        _fixed_factory.append(_rewritten_copy(_prefix_vllm_factory, edit))
-    return _fixed_factory[0]
-
-
-def _vllm_stand_ins(backend, window_left, workspace_for, sink_cls=None, generic_cls=None):
-    """(pre-fix ``_get_prefill_wrapper``, flashfix's factory, builder) for a layer group with sinks.
-    The factories' module globals (the wrapper classes, the platform and the layout) are set
-    here: FlashInfer's classes by default, the sink wrapper forced to ``backend``."""
+def _same(a, b):
     import torch
 
-    if sink_cls is None or generic_cls is None:
-        import flashinfer
-
-        sink_cls, generic_cls = flashinfer.BatchAttentionWithAttentionSinkWrapper, flashinfer.BatchPrefillWithPagedKVCacheWrapper
-
-    if backend == "auto":
-        sink_for_module = sink_cls
-    else:  # what an SM12x GPU gets: fa2 (the factory itself always asks for "auto")
-        class sink_for_module(sink_cls):
-            def __init__(self, *args, **kwargs):
-                kwargs["backend"] = backend
-                super().__init__(*args, **kwargs)
-
-    globals().update({
-        SINK: sink_for_module,  # the name part C of the patch adds to vLLM's module
-        "BatchPrefillWithPagedKVCacheWrapper": generic_cls,
-        "current_platform": types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
-        "get_kv_cache_layout": lambda: "NHD",
-        "_STAND_IN_BACKEND": backend,
-    })
-
-    def builder():
-        return types.SimpleNamespace(
-            has_sinks=True, use_dcp=False, is_kvcache_nvfp4=False, q_data_type_prefill=torch.bfloat16,
-            kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left, _prefill_wrapper=None,
-            _noncausal_prefill_wrapper=None, _get_workspace_buffer=workspace_for)
-
-    return _prefix_vllm_factory, _fixed_vllm_factory(), builder
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
 
 
-def sink_prefill(backend="auto", cases=SINK_CASES, timed=TIMED_CASE, seed=0, log=None):
-    """Rows ``{case, backend, wrapper_*, err_prefix_fix, err_flashfix, err_prefix_fix_vs_no_sinks, ...}``."""
+# --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
+
+
+def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, seed=0,
+               fi=None):
+    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
+    scales far from 1: the ragged + paged branch against float64, and the controls that must not
+    change (no prefix, paged-only, scales 1.0); then ``revert()``. ``fi``: a FlashInfer stand-in
+    (CPU tests), else the real one."""
     import torch
 
-    sm_scale = 1.0 / math.sqrt(HEAD_DIM)
-    layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0)
-    fixed_forward = _fixed_vllm_forward()
+    t0 = time.time()
+    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
+    module, record, version = engine_module("sglang-fp8-kv-scales", path)
+    head = {"engine": "sglang", "engine_version": version, "file": module.__file__,
+            "state": record["state"], "reason": record["reason"]}
+    if record["state"] != "applied":
+        return [dict(head, case="not applied", error="the patch is %s: %s" % (record["state"], record["reason"]))]
+    live, original = live_and_original(record, "FlashInferAttnBackend.forward_extend")
+    cls = getattr(module, "FlashInferAttnBackend")
+    device = "cuda" if fi is None else "cpu"
+    if fi is None:
+        import flashinfer as fi
+    calls = Calls(live.__code__.co_filename)
     rows = []
-    for case_index, (name, seqs, window_left) in enumerate(cases):
-        t0 = time.time()
-        batch = PagedBatch(seqs, seed=seed + case_index)
-        impl = _VllmImplStandIn(sm_scale, batch.sinks)
-        workspaces = []
+    for head_dim in head_dims:
+        sm_scale = head_dim ** -0.5
+        gen = torch.Generator(device=device).manual_seed(seed)
+        new_lens = [n for _, n in requests]
+        qo = torch.tensor([0] + list(itertools.accumulate(new_lens)), dtype=torch.int32)
 
-        def workspace_for():
-            workspaces.append(_workspace())
-            return workspaces[-1]
+        def rand(*shape):
+            return torch.randn(*shape, generator=gen, device=device).to(torch.bfloat16)
 
-        original, factory, make_builder = _vllm_stand_ins(backend, window_left, workspace_for)
-        kv = (batch.k_cache, batch.v_cache)
-        ref = batch.reference(sm_scale, window_left)
-        ref_no_sinks = batch.reference(sm_scale, window_left, sinks=False)
+        q, k, v = rand(qo[-1], NUM_QO_HEADS, head_dim), rand(qo[-1], NUM_KV_HEADS, head_dim), rand(qo[-1], NUM_KV_HEADS, head_dim)
 
-        old_builder = make_builder()
-        old_wrapper = original(old_builder, causal=True)
-        batch.plan(old_wrapper, sm_scale, window_left)
-        out_old = torch.empty_like(batch.q)
+        def case(scales, prefix_lens, use_ragged, no_prefix, causal_paged):
+            cache = PagedBatch([(1, p) for p in prefix_lens], kv_dtype=torch.float8_e4m3fn, page_size=1,
+                               head_dim=head_dim, seed=seed, k_scale=scales[0], v_scale=scales[1], device=device)
+            ragged = calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="auto"))
+            ragged.plan(qo, qo, NUM_QO_HEADS, NUM_KV_HEADS, head_dim, causal=True, q_data_type=torch.bfloat16)
+            paged = calls.watch("paged", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+            paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS,
+                       head_dim, 1, causal=causal_paged, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+            pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
+            # self, layer and forward_batch: what forward_extend reads, 0.5.1 to 0.5.17
+            backend = object.__new__(cls)
+            backend.__dict__.update(
+                forward_metadata=types.SimpleNamespace(prefill_wrappers=[paged], use_ragged=use_ragged,
+                                                       extend_no_prefix=no_prefix, multi_item_params=None),
+                num_wrappers=1, prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
+                prefill_uses_dequant_workspace=False, is_dllm_model=False)
+            layer = types.SimpleNamespace(
+                layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=sm_scale, sliding_window_size=-1,
+                tp_q_head_num=NUM_QO_HEADS, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS,
+                head_dim=head_dim, attn_type=module.AttentionType.DECODER,
+                # as RadixAttention holds a checkpoint's KV scales: a 0-dim tensor (0.5.1's k_scale)
+                # and, from 0.5.2, the floats k_scale_float / v_scale_float read by the paged calls
+                k_scale=torch.tensor(scales[0], device=device), v_scale=torch.tensor(scales[1], device=device),
+                k_scale_float=scales[0], v_scale_float=scales[1])
+            batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
+            return cache, (backend, q, k, v, layer, batch), {"save_kv_cache": False}
 
-        def run_old():
-            _VllmImplStandIn.forward(impl, layer, old_wrapper, batch.q, kv, out_old, None)
+        def run(func, scales=(k_scale, v_scale), prefix=[p for p, _ in requests], use_ragged=True, no_prefix=False,
+                causal_paged=False, float_scales=False):
+            cache, args, kwargs = case(scales, prefix, use_ragged, no_prefix, causal_paged)
+            if float_scales:
+                args[4].k_scale, args[4].v_scale = scales
+            # AttentionType is only compared, by identity, with layer.attn_type (set from it above)
+            return drive(func, args, kwargs, calls, allowed=[module.AttentionType.__qualname__]) + (cache,)
 
-        run_old()
-        new_builder = make_builder()
-        new_wrapper = factory(new_builder, causal=True)
-        batch.plan(new_wrapper, sm_scale, window_left)
-        out_new = torch.empty_like(batch.q)
+        def reference_of(cache, paged_only=False):
+            refs = []
+            for i in range(len(requests)):
+                a, b = int(qo[i]), int(qo[i + 1])
+                ks, vs = [cache.request_kv(i, "k")], [cache.request_kv(i, "v")]
+                if not paged_only:
+                    ks.append(k[a:b].double())
+                    vs.append(v[a:b].double())
+                refs.append(reference(q[a:b], torch.cat(ks), torch.cat(vs), sm_scale, causal=True))
+            return torch.cat(refs).reshape(len(q), -1)
 
-        def run_new():
-            fixed_forward(impl, layer, new_wrapper, batch.q, kv, out_new, None)
+        def err(out, cache, **kw):
+            return None if out is None or device == "cpu" else rel_l2(out, reference_of(cache, **kw))
 
-        run_new()
-        torch.cuda.synchronize()
-        row = {
-            "case": name, "backend": backend, "window_left": window_left,
-            "seqs": [list(s) for s in seqs],
-            "wrapper_pre_fix": type(old_wrapper).__name__,
-            "wrapper_flashfix": (SINK if isinstance(new_wrapper, globals()[SINK]) else type(new_wrapper).__name__),
-            "kernel_backend_pre_fix": getattr(old_wrapper, "_backend", None),
-            "kernel_backend_flashfix": getattr(new_wrapper, "_backend", None),
-            "err_pre_fix": rel_l2(out_old, ref),
-            "err_flashfix": rel_l2(out_new, ref),
-            "err_pre_fix_vs_no_sinks": rel_l2(out_old, ref_no_sinks),
-            "nan_flashfix": nan_fraction(out_new),
-        }
-        if name == timed:
-            row["ms_pre_fix"] = time_ms(run_old)
-            row["ms_flashfix"] = time_ms(run_new)
-        row["wall_s"] = round(time.time() - t0, 1)
+        base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], k_scale=k_scale, v_scale=v_scale,
+                    function="FlashInferAttnBackend.forward_extend", line=_where(original))
+        # the fix: ragged + paged
+        t = time.time()
+        o_old, c_old, e_old, cache = run(original)
+        o_new, c_new, e_new, _ = run(live)
+        row = dict(base, case="ragged+paged, FP8 e4m3", err_pre_fix=err(o_old, cache), err_flashfix=err(o_new, cache),
+                   calls_pre_fix=c_old, calls_flashfix=c_new, error_pre_fix=e_old, error_flashfix=e_new,
+                   seconds=round(time.time() - t, 1))
         rows.append(row)
-        if log:
-            log(row)
-        del old_wrapper, new_wrapper, workspaces[:]
+        if e_new and not e_old:  # does the engine's own paged-only call (flashfix leaves it) fail the same way?
+            e_p = run(original, prefix=[p + n for p, n in requests], use_ragged=False, causal_paged=True)[2]
+            if e_p and e_p.split(":")[0] == e_new.split(":")[0]:
+                row["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
+                                   "forward, unpatched, fails the same way (%s)" % e_p)
+                o1, c1, e1, _ = run(original, float_scales=True)
+                o2, c2, e2, _ = run(live, float_scales=True)
+                rows.append(dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale given as floats",
+                                 err_pre_fix=err(o1, cache), err_flashfix=err(o2, cache), calls_pre_fix=c1,
+                                 calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2))
+        # controls: the fix must change nothing there
+        for name, kw in (("control: no prefix", dict(no_prefix=True)),
+                         ("control: paged-only", dict(prefix=[p + n for p, n in requests], use_ragged=False, causal_paged=True)),
+                         ("control: scales 1.0", dict(scales=(1.0, 1.0)))):
+            o1, c1, e1, _ = run(original, **kw)
+            o2, c2, e2, _ = run(live, **kw)
+            rows.append(dict(base, case=name, control=True, bitwise_equal=_same(o1, o2), calls_pre_fix=c1,
+                             calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2))
+            if row.get("mismatch") and (e1 or e2 or "").split(":")[0] == e_new.split(":")[0]:
+                rows[-1]["mismatch"] = row["mismatch"]  # the same engine/FlashInfer mismatch
+    from flashfix.core import registry as _registry
+
+    _registry.revert("sglang-fp8-kv-scales")
+    rows.append(dict(head, case="revert() restores the original output", control=True,
+                     bitwise_equal=_same(run(live)[0], o_old)))
+    for r in rows:
+        r.setdefault("seconds", round(time.time() - t0, 1))
     return rows
 
 
-# --- (b) FP8 paged read with scales on SGLang's ragged + paged prefill ------------------------
+# --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
 
 
-class _SglangBackendStandIn:
-    """The part of SGLang's ``FlashInferAttnBackend.forward_extend`` that the FP8 patch
-    rewrites: the paged-only call (which passes the scales) and the ragged + paged split
-    (whose paged ``forward_return_lse`` does not), merged as SGLang merges them."""
-
-    def __init__(self, prefill_wrapper_ragged, prefill_wrapper_paged):
-        self.prefill_wrapper_ragged = prefill_wrapper_ragged
-        self.prefill_wrapper_paged = prefill_wrapper_paged
-
-    def forward_extend(self, q, k, v, layer, kv_cache, use_ragged):
-        prefill_wrapper_paged = self.prefill_wrapper_paged
-        if not use_ragged:
-            return prefill_wrapper_paged.forward(q, kv_cache, causal=True, sm_scale=layer.scaling, k_scale=layer.k_scale_float, v_scale=layer.v_scale_float)
-        o1, s1 = self.prefill_wrapper_ragged.forward_return_lse(q, k, v, causal=True, sm_scale=layer.scaling)
-        o2, s2 = prefill_wrapper_paged.forward_return_lse(q, kv_cache, causal=False, sm_scale=layer.scaling)
-        o, _ = merge_state(o1, s1, o2, s2)
-        return o
-
-
-def _fixed_sglang_forward_extend():
-    """A subclass of the stand-in whose ``forward_extend`` has the FP8 declaration's own edit."""
-    from flashfix import sglang_patch
-
-    patch = sglang_patch.FP8_KV_SCALES
-    twin = _rewritten_copy(_SglangBackendStandIn.forward_extend, patch.rule.hunks[0].edit, patch.id)
-    return type("FlashInferAttnBackendTwin", (_SglangBackendStandIn,), {"forward_extend": twin})
-
-
-def fp8_paged(requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, kv_dtype=None, seed=0, log=None):
-    """Rows for the ragged + paged extend over an FP8 cache: pre-fix (no scales) and flashfix."""
+def _provided(module, fi):
+    """Module globals the check sets while it runs (restored after): the GPU capability vLLM's
+    gates ask (SM12x, always faked) and the NHD layout; where the module was loaded with stand-in
+    imports, the helpers ``forward`` calls, as vLLM defines them for the check's bf16 tensors.
+    docs/gpu.md says why each is faithful."""
     import torch
-    import flashinfer
-    from flashinfer.cascade import merge_state as fi_merge_state
 
-    kv_dtype = kv_dtype or torch.float8_e4m3fn
-    globals()["merge_state"] = fi_merge_state
-    sm_scale = 1.0 / math.sqrt(HEAD_DIM)
+    values = {"current_platform": types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
+              "get_kv_cache_layout": lambda: "NHD"}
+    stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
+                     "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
+                     "FP8_DTYPE": torch.float8_e4m3fn}
+    values.update({k: v for k, v in stand_in_only.items() if isinstance(module.__dict__.get(k), _StandIn)})
+    return {k: v for k, v in values.items() if k in module.__dict__}
+
+
+def _forcing_fa2(classes):
+    """Construct FlashInfer's wrappers with ``backend="fa2"`` (what SM12x runs) while the check runs."""
+    saved = [(c, c.__dict__["__init__"]) for c in classes if "__init__" in c.__dict__]
+    for cls, init in saved:
+        def forced(self, *args, _init=init, **kwargs):
+            kwargs["backend"] = "fa2"
+            _init(self, *args, **kwargs)
+        cls.__init__ = forced
+    return saved
+
+
+def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=None):
+    """vLLM's own prefill-wrapper factory and ``FlashInferImpl.forward`` (patched, and as
+    released) on a paged prefill of a model with attention sinks, against float64; controls:
+    no sinks, and a GPU the build does not serve sinks on; then ``revert()``."""
+    import torch
+
     t0 = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    # the cached prefix: page size 1 as SGLang's FlashInfer backend uses
-    prefix = PagedBatch([(1, p) for p, _ in requests], kv_dtype=kv_dtype, page_size=1, seed=seed,
-                        k_scale=k_scale, v_scale=v_scale)
-    new_lens = [n for _, n in requests]
-    total_new = sum(new_lens)
-    q = torch.randn(total_new, NUM_QO_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    k_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    v_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(new_lens)), dtype=torch.int32)
+    module, record, version = engine_module("vllm-sink-prefill", path)
+    head = {"engine": "vllm", "engine_version": version, "file": module.__file__, "state": record["state"],
+            "reason": record["reason"]}
+    if record["state"] != "applied":
+        return [dict(head, case="not applied", error="the patch is %s: %s" % (record["state"], record["reason"]))]
+    factory, factory_0 = live_and_original(record, "FlashInferMetadataBuilder._get_prefill_wrapper")
+    forward, forward_0 = live_and_original(record, "FlashInferImpl.forward")
+    device = "cuda" if fi is None else "cpu"
+    if fi is None:
+        import flashinfer as fi
+    provided = _provided(module, fi)
+    saved = {k: module.__dict__[k] for k in provided}
+    module.__dict__.update(provided)
+    forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
+    calls = Calls(forward.__code__.co_filename)
+    backend_cls = module.FlashInferBackend
+    rows = []
+    try:
+        for name, seqs, window_left in [c for c in SINK_CASES if c[0] in cases]:
+            sm_scale = HEAD_DIM ** -0.5
+            batch = PagedBatch(seqs, seed=seed, device=device)
+            order = backend_cls.get_kv_cache_stride_order()
+            logical = backend_cls.get_kv_cache_shape(len(batch.kv_indices), PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
+            memory = torch.empty([logical[i] for i in order], dtype=torch.bfloat16, device=device)
+            k_view, v_view = memory.split(HEAD_DIM, dim=-1)
+            k_view.copy_(batch.k_cache)
+            v_view.copy_(batch.v_cache)
+            kv_cache = memory.permute(*sorted(range(len(order)), key=order.__getitem__))
 
-    refs = []
-    for i in range(len(requests)):
-        a, b = int(qo_indptr[i]), int(qo_indptr[i + 1])
-        k_all = torch.cat([prefix.request_kv(i, "k"), k_new[a:b].double()])
-        v_all = torch.cat([prefix.request_kv(i, "v"), v_new[a:b].double()])
-        refs.append(reference(q[a:b], k_all, v_all, sm_scale, causal=True))
-    ref = torch.cat(refs)
+            def run(make, fwd, has_sinks=True, sm12x=True):
+                module.current_platform.is_device_capability_family = lambda family: sm12x and family == 120
+                builder = object.__new__(module.FlashInferMetadataBuilder)
+                builder.__dict__.update(
+                    has_sinks=has_sinks, use_dcp=False, is_kvcache_nvfp4=False, q_data_type_prefill=torch.bfloat16,
+                    kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left,
+                    _prefill_wrapper=None, _noncausal_prefill_wrapper=None,
+                    _workspace_buffer=_workspace(device))
+                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
+                if error:
+                    return None, [], error, None
+                calls.watch("prefill", wrapper, names=("run",))
+                batch.plan(wrapper, sm_scale, window_left)
+                impl = object.__new__(module.FlashInferImpl)
+                impl.__dict__.update(
+                    num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, scale=sm_scale,
+                    sinks=batch.sinks, kv_cache_dtype="auto", is_kvcache_nvfp4=False, window_left=window_left,
+                    logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
+                    _nvfp4_fp8_out=None)
+                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0,
+                                              _q_scale=torch.tensor(1.0), _o_scale_float=None)
+                n = len(batch.q)
+                metadata = types.SimpleNamespace(
+                    num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n, num_decodes=0, num_prefills=len(seqs),
+                    use_cascade=False, cascade_wrapper=None, causal=True, q_data_type_prefill=torch.bfloat16,
+                    q_data_type_decode=torch.bfloat16, prefill=module.FIPrefill(wrapper=wrapper), decode=None)
+                output = torch.empty_like(batch.q)
+                out, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
+                return (output if error is None else None), took, error, type(wrapper).__name__
 
-    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NHD", backend="auto")
-    ragged.plan(qo_indptr, qo_indptr, NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, causal=True,
-                q_data_type=torch.bfloat16)
-    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD", backend="fa2")
-    paged.plan(qo_indptr, prefix.kv_indptr, prefix.kv_indices, prefix.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS,
-               HEAD_DIM, 1, causal=False, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
-    layer = types.SimpleNamespace(scaling=sm_scale, k_scale_float=k_scale, v_scale_float=v_scale)
-    kv_cache = (prefix.k_cache, prefix.v_cache)
+            base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs],
+                        function="FlashInferImpl.forward", line=_where(forward_0), factory_line=_where(factory_0))
+            t = time.time()
+            o_old, c_old, e_old, w_old = run(factory_0, forward_0)
+            o_new, c_new, e_new, w_new = run(factory, forward)
+            err = (lambda o: None) if device == "cpu" else (lambda o: None if o is None else rel_l2(o, batch.reference(sm_scale, window_left)))
+            rows.append(dict(base, case="sink prefill, " + name, err_pre_fix=err(o_old), err_flashfix=err(o_new),
+                             wrapper_pre_fix=w_old, wrapper_flashfix=w_new, calls_pre_fix=c_old, calls_flashfix=c_new,
+                             error_pre_fix=e_old, error_flashfix=e_new, seconds=round(time.time() - t, 1)))
+            for label, kw in (("control: no sinks", dict(has_sinks=False)),
+                              ("control: a GPU without sink support (not SM12x)", dict(sm12x=False))):
+                o1, c1, e1, w1 = run(factory_0, forward_0, **kw)
+                o2, c2, e2, w2 = run(factory, forward, **kw)
+                rows.append(dict(base, case="%s, %s" % (label, name), control=True, bitwise_equal=_same(o1, o2),
+                                 wrapper_pre_fix=w1, wrapper_flashfix=w2, calls_pre_fix=c1, calls_flashfix=c2,
+                                 error_pre_fix=e1, error_flashfix=e2))
+        from flashfix.core import registry as _registry
 
-    old = _SglangBackendStandIn(ragged, paged)
-    new = _fixed_sglang_forward_extend()(ragged, paged)
-    out_old = old.forward_extend(q, k_new, v_new, layer, kv_cache, True)
-    out_new = new.forward_extend(q, k_new, v_new, layer, kv_cache, True)
-    torch.cuda.synchronize()
-    row = {
-        "case": "ragged+paged, %s cache, k_scale %g, v_scale %g" % (str(kv_dtype).rsplit(".", 1)[-1], k_scale, v_scale),
-        "requests": [list(r) for r in requests],
-        "err_pre_fix": rel_l2(out_old, ref),
-        "err_flashfix": rel_l2(out_new, ref),
-        "nan_pre_fix": nan_fraction(out_old),
-        "ms_pre_fix": time_ms(lambda: old.forward_extend(q, k_new, v_new, layer, kv_cache, True)),
-        "ms_flashfix": time_ms(lambda: new.forward_extend(q, k_new, v_new, layer, kv_cache, True)),
-        "kernel_backend_ragged": getattr(ragged, "_backend", None),
-        "kernel_backend_paged": getattr(paged, "_backend", None),
-    }
-    row["wall_s"] = round(time.time() - t0, 1)
-    if log:
-        log(row)
-    return [row]
-
+        _registry.revert("vllm-sink-prefill")
+        rows.append(dict(head, case="revert() restores the original output", control=True,
+                         bitwise_equal=_same(run(factory, forward)[0], o_old)))
+    finally:
+        module.__dict__.update(saved)
+        for cls, init in forced:
+            cls.__init__ = init
+    for r in rows:
+        r.setdefault("seconds", round(time.time() - t0, 1))
+    return rows
 
 # --- (c) sink wrappers of different configurations in one process -----------------------------
 
@@ -541,47 +649,4 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     return {"rows": rows, "flashfix_warnings": caught.messages}
 
 
-def sink_patch_state():
-    """flashfix's state of the JIT-name patch in this process."""
-    try:
-        from flashfix.core import registry as _registry
-
-        for row in _registry.status():
-            if row["id"] == "flashinfer-sink-jit-name":
-                return row["state"]
-    except Exception as exc:
-        return "status failed: %r" % (exc,)
-    return "absent"
-
-
-def markdown(rows, columns):
-    """A markdown table of ``rows`` (dicts) with ``columns`` [(header, key or callable)]."""
-
-    def cell(row, key):
-        value = key(row) if callable(key) else row.get(key, "")
-        if isinstance(value, float):
-            if math.isinf(value):
-                return "inf (NaN)"
-            return "%.4g" % value
-        return str(value)
-
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(cell(row, k) for _, k in columns) + " |")
-    return "\n".join(lines)
-
-
-def write_json(name, payload):
-    """Write ``payload`` to ``$OUT/<name>`` when OUT is set; returns the path or None."""
-    import json
-
-    out = os.environ.get("OUT")
-    if not out:
-        return None
-    path = os.path.join(out, name)
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=1, default=repr)
-    return path
-
-
-__all__ = ["environment", "sink_prefill", "fp8_paged", "sink_sequence", "reference", "rel_l2", "markdown"]
+__all__ = ["sglang_fp8", "vllm_sink", "sink_sequence", "reference", "rel_l2", "engine_module"]

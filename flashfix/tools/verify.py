@@ -36,16 +36,15 @@ EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
 
 THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashinfer-sink-jit-name": 0.005}
 
-# name -> (patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks).
-# The vLLM patch acts on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so
-# it measures the kernels SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick
-# fa3, whose sliding-window kernels take over 8 minutes to JIT-compile).
+# (name, patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks and
+# ``path`` = the engine's wheel or tree, or None for the installed engine). The vLLM patch acts
+# on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so it measures the kernels
+# SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick fa3, whose sliding-window
+# kernels take over 8 minutes to JIT-compile).
 CHECKS = (
-    ("sink-prefill fa2", "vllm-sink-prefill",
-     "g.sink_prefill(backend='fa2', cases=[c for c in g.SINK_CASES if c[0] == 'no prefix'], timed=None)"),
-    ("sink-prefill fa2 window", "vllm-sink-prefill",
-     "g.sink_prefill(backend='fa2', cases=[c for c in g.SINK_CASES if c[0] == 'sliding window 128'], timed=None)"),
-    ("fp8-paged", "sglang-fp8-kv-scales", "g.fp8_paged()"),
+    ("sink-prefill fa2", "vllm-sink-prefill", "g.vllm_sink(path, cases=('no prefix',))"),
+    ("sink-prefill fa2 window", "vllm-sink-prefill", "g.vllm_sink(path, cases=('sliding window 128',))"),
+    ("fp8-paged", "sglang-fp8-kv-scales", "g.sglang_fp8(path)"),
     ("sink-jit-name", "flashinfer-sink-jit-name", "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
 )
 
@@ -113,14 +112,15 @@ def _say(message, as_json):
     print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
-def _run_checks(names, as_json, start):
-    """Run the numeric checks side by side in child processes, with progress lines."""
+def _run_checks(wanted, as_json, start):
+    """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
+    engine's wheel or tree, None for the installed engine) side by side in child processes, with
+    progress lines."""
     procs = {}
-    for name, patch_id, expr in CHECKS:
-        if patch_id not in names:
-            continue
-        code = ("import json; from flashfix.tools import gpu_checks as g\n"
-                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % expr)
+    for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
+        name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
+        code = ("import json; from flashfix.tools import gpu_checks as g; path = %r\n"
+                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, expr))
         env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))
         procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                                   stderr=subprocess.PIPE, text=True, env=env))
@@ -153,32 +153,57 @@ def _run_checks(names, as_json, start):
 
 
 def _result(name, patch_id, proc, out, err):
+    """A check passes when every measured row is within the threshold, every control is bitwise
+    equal, and no row failed; a row whose failure the unpatched engine shares is a mismatch."""
     rows = _last_json(out, "FLASHFIX_RESULT=")
     threshold = THRESHOLDS[patch_id]
     if proc.returncode != 0 or rows is None:
         return {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
                 "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
-    errs = [r.get("err_flashfix", r.get("err")) for r in rows]
-    pre_fix = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
-    return {"check": name, "patch": patch_id, "threshold": threshold,
-            "passed": all(e is not None and e <= threshold for e in errs),
-            "max_err_flashfix": max(errs), "max_err_pre_fix": max(pre_fix) if pre_fix else None, "rows": rows}
+    problems = []
+    for r in rows:
+        if r.get("mismatch"):
+            continue
+        e = r.get("err_flashfix", r.get("err"))
+        if r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix"):
+            problems.append("%s: %s" % (r.get("case"), r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix")))
+        elif r.get("control") and not r.get("bitwise_equal"):
+            problems.append("%s: not bitwise equal" % r["case"])
+        elif not r.get("control") and (e is None or e > threshold):
+            problems.append("%s: error %s" % (r.get("case", r.get("step")), e))
+    errs = [r.get("err_flashfix", r.get("err")) for r in rows if not r.get("control")]
+    pre = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
+    return {"check": name, "patch": patch_id, "threshold": threshold, "passed": not problems, "problems": problems,
+            "mismatches": [r["mismatch"] for r in rows if r.get("mismatch")],
+            "max_err_flashfix": max([e for e in errs if e is not None], default=None),
+            "max_err_pre_fix": max(pre) if pre else None, "rows": rows}
 
 
 def _summary(result):
     if "error" in result:
         return "FAIL, " + result["error"].splitlines()[-1] if result["error"] else "FAIL"
-    text = "%s, max relative error with flashfix %.4g (threshold %g)" % (
-        "pass" if result["passed"] else "FAIL", result["max_err_flashfix"], result["threshold"])
+    text = "%s, max relative error with flashfix %s (threshold %g)" % (
+        "pass" if result["passed"] else "FAIL", "%.4g" % result["max_err_flashfix"] if result["max_err_flashfix"]
+        is not None else "-", result["threshold"])
     if result.get("max_err_pre_fix") is not None:
         text += ", without the fix %.4g" % result["max_err_pre_fix"]
-    return text
+    return text + "".join("; " + p for p in result["problems"] + result["mismatches"])
 
 
-def run(as_json=False):
+def run(as_json=False, paths=()):
+    """``paths``: engines' wheels or trees to check, loaded with stand-ins for their other modules."""
+    from flashfix.core import locate as _locate
+
     start = time.time()
     rows, _ = _doctor.diagnose()
-    installed = [r for r in rows if r["verdict"] != "not-installed"]
+    wanted = {(r["id"], None) for r in rows if r["verdict"] == "patch"}
+    for path in paths:
+        found = [r for r in _doctor.diagnose(_locate.open_path(path))[0] if r["verdict"] != "not-installed"]
+        wanted |= {(r["id"], path) for r in found if r["verdict"] == "patch"}
+        for r in found:
+            _say("[%5.0fs] %s: %-26s %s %s, doctor: %s" % (time.time() - start, path, r["id"], r["engine"],
+                                                           r["engine_version"], r["verdict"]), as_json)
+    installed = [r for r in rows if r["verdict"] != "not-installed"] + list(paths)
     if not installed:
         _say("flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
              "environment (%s)." % sys.executable, as_json)
@@ -216,7 +241,7 @@ def run(as_json=False):
     if gpu["flashinfer"] is None:
         failures.append("FlashInfer cannot be imported: no numeric check can run")
     else:
-        checks = _run_checks({pid for _, pid, _ in CHECKS}, as_json, start)
+        checks = _run_checks({w for w in wanted if w[0] in THRESHOLDS}, as_json, start)
         failures += ["%s: %s" % (c["check"], _summary(c)) for c in checks if not c["passed"]]
     code = EXIT_FAILED if failures else EXIT_OK
     _say("flashfix verify: %s in %.0f s%s" % ("FAILED" if failures else "all checks passed", time.time() - start,
