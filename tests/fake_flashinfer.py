@@ -1,4 +1,5 @@
-"""A FlashInfer stand-in that records every wrapper call and its arguments (CPU tests)."""
+"""A FlashInfer stand-in that records every wrapper call and its arguments (CPU tests of verify's
+engine checks: tests/test_verify_engine_code.py)."""
 import sys, types
 import torch
 
@@ -62,7 +63,9 @@ class _Module(types.ModuleType):
         return value
 
 
-def install():
+def install(into_sys_modules=True):
+    """The fake package; in sys.modules too unless the real FlashInfer is to stay (an installed engine
+    imports much more of it at module level)."""
     fi = _Module("flashinfer")
     fi.__path__ = []
     for cls in (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, BatchAttentionWithAttentionSinkWrapper):
@@ -71,6 +74,8 @@ def install():
     cascade = _Module("flashinfer.cascade")
     cascade.merge_state = lambda o1, s1, o2, s2: (o1 + o2, s1)
     fi.cascade = cascade
+    if not into_sys_modules:
+        return fi
     sys.modules["flashinfer"] = fi
     sys.modules["flashinfer.cascade"] = cascade
     for sub in ("decode", "prefill", "utils", "jit", "sampling", "norm"):

@@ -19,8 +19,12 @@ CODE = '''
 import json, os, sys
 sys.path.insert(0, %(tests)r)
 import fake_flashinfer
-fi = fake_flashinfer.install()
+fi = fake_flashinfer.install(into_sys_modules=%(path)r is not None)
 from flashfix.tools import gpu_checks as g
+if %(path)r is None:  # the installed engine on a CPU (no FlashInfer import there): the merge is the fake's
+    import importlib
+    m = importlib.import_module(%(target)r)
+    m.merge_state = m._safe_merge_state = fi.cascade.merge_state
 rows = g.%(check)s(path=%(path)r, fi=fi)
 print("FLASHFIX_RESULT=" + json.dumps({"rows": rows, "log": fake_flashinfer.LOG}, default=repr))
 '''
@@ -36,8 +40,9 @@ def wheel(spec):
     return str(found[0])
 
 
-def drive(requirement, check, path):
-    ((result,),) = [engine_env.run(requirement, CODE % {"tests": str(REPO / "tests"), "check": check, "path": path},
+def drive(requirement, check, path, target=None):
+    code = CODE % {"tests": str(REPO / "tests"), "check": check, "path": path, "target": target}
+    ((result,),) = [engine_env.run(requirement, code,
                                    env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
     return result["rows"], result["log"]
 
@@ -45,9 +50,10 @@ def drive(requirement, check, path):
 @pytest.mark.parametrize("release", ["sglang==0.5.1", "sglang==0.5.16", None])
 def test_sglang_forward_extend_is_driven_and_the_fix_passes_the_scales(release):
     path = wheel(release) if release else None  # None: the installed 0.5.17
-    rows, log = drive("sglang==0.5.17", "sglang_fp8", path)
+    rows, log = drive("sglang==0.5.17", "sglang_fp8", path, "sglang.srt.layers.attention.flashinfer_backend")
     main = [r for r in rows if r["case"] == "ragged+paged, FP8 e4m3"]
-    assert len(main) == 2 and all(r["error_pre_fix"] is None and r["error_flashfix"] is None for r in main), main
+    assert len(main) == 2 and all(r["error_pre_fix"] is None and r["error_flashfix"] is None for r in main), [
+        (r["error_pre_fix"], r["error_flashfix"]) for r in main]
     for r in main:  # the branch ran: one ragged and one paged forward_return_lse from the engine's file
         assert [c.split(" line")[0] for c in r["calls_flashfix"]] == ["ragged.forward_return_lse", "paged.forward_return_lse"]
     paged = [entry for entry in log if entry[1] == "forward_return_lse" and "causal" in entry[3] and not entry[3]["causal"]]
