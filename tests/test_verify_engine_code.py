@@ -86,3 +86,130 @@ def test_vllm_factory_and_forward_are_driven_on_the_derived_pre_fix_shape(tmp_pa
     sink_runs = [e for e in runs if e[0] == "BatchAttentionWithAttentionSinkWrapper"]
     assert sink_runs and all(e[2][1] == "tensor[16] float32" and "sinks" not in e[3] for e in sink_runs)
     assert all(r["bitwise_equal"] for r in rows if r.get("control"))
+
+
+SWEEP = '''
+import json, os, sys
+sys.path.insert(0, %(tests)r)
+import fake_flashinfer
+fi = fake_flashinfer.install()
+from flashfix.tools import gpu_checks as g
+from flashfix.core import registry as _registry
+out = {}
+for version, tree in %(trees)r:
+    for name in [m for m in sys.modules if m.split(".")[0] == %(top)r]:
+        del sys.modules[name]  # the last release's modules: this one is imported afresh
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, g.EngineModuleFinder)]
+    _registry._records[%(patch)r].update(state="waiting", changes=[], decided=None, engine_version=None)
+    del fake_flashinfer.LOG[:]
+    rows = g.%(check)s(path=tree, fi=fi, **%(kwargs)r)
+    out[version] = {"rows": rows, "log": list(fake_flashinfer.LOG)}
+print("FLASHFIX_RESULT=" + json.dumps(out, default=repr))
+'''
+
+
+def release_trees(dist, target, since, below):
+    """``[(version, tree)]`` of every final release of ``dist`` from ``since`` below ``below``: a
+    small tree holding the release's ``target`` module and METADATA, read from its wheel on PyPI
+    with range requests (scripts/sweep_releases.py) and cached."""
+    from packaging.version import Version
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sweep_releases as sweep
+    from flashfix.core import locate
+
+    url, data = sweep.index_json(dist)
+    trees = []
+    for version, found, _ in sweep.releases(dist, data, url, since=since):
+        if Version(version) >= Version(below) or found is None:
+            continue
+        tree = WHEELS / "trees" / ("%s-%s" % (dist, version))
+        if not (tree / "complete").exists():
+            archive, _ = sweep.open_wheel(found["url"])
+            reader = locate.ZipReader(archive, found["filename"])
+            module = tree / (target.replace(".", "/") + ".py")
+            module.parent.mkdir(parents=True, exist_ok=True)
+            module.write_text(reader.find(target).text)
+            member = reader._metadata_member(dist)[0]
+            meta = tree / member
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_bytes(reader._read_member(member))
+            (tree / "complete").write_text("")
+        trees.append((version, str(tree)))
+    return trees
+
+
+def test_sglang_every_release_in_range_in_one_process():
+    """Every final release from 0.5.1 to 0.5.17 (the patch's range below its fix): forward_extend
+    is driven to the ragged + paged branch, the unpatched paged call drops the scales and the
+    patched one passes the release's own scale expressions; the controls are bitwise equal."""
+    from flashfix import sglang_patch
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", sglang_patch.FIXED_IN)
+    assert len(trees) >= 30, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": "sglang-fp8-kv-scales",
+                    "check": "sglang_fp8", "kwargs": {"head_dims": (64,)}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        main = [r for r in rows if r["case"] == "ragged+paged, FP8 e4m3"]
+        paged = [e[3] for e in log if e[1] == "forward_return_lse" and e[3].get("causal") is False]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        if not main or r"paged.forward_return_lse" not in " ".join(main[0]["calls_flashfix"]):
+            problems.append("the ragged + paged branch did not run: %s" % (main and main[0]["calls_flashfix"]))
+        elif paged[0].get("k_scale") is not None or paged[1].get("k_scale") is None:
+            problems.append("scales: as released %s, patched %s" % (paged[0].get("k_scale"), paged[1].get("k_scale")))
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def derived_vllm_trees(tmp_path):
+    """``[(version, tree)]``: the pre-fix shape of each installed fixed vLLM release in the engine
+    environments (tests/vllm_prefix_shape.py derives it), with the release's METADATA."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import vllm_prefix_shape
+
+    trees = []
+    for requirement in [r for r in engine_env.RELEASES if r.startswith("vllm==") and r >= "vllm==0.28.0"]:
+        version = requirement.split("==")[1]
+        site = next(Path(engine_env.env_python(requirement)).parents[1].glob("lib/python*/site-packages"))
+        tree = tmp_path / ("vllm-" + version)
+        module = tree / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py"
+        module.parent.mkdir(parents=True)
+        module.write_text(vllm_prefix_shape.derive_prefix_source(
+            (site / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()))
+        (tree / ("vllm-%s.dist-info" % version)).mkdir()
+        (tree / ("vllm-%s.dist-info" % version) / "METADATA").write_text(
+            (site / ("vllm-%s.dist-info" % version) / "METADATA").read_text())
+        trees.append((version, str(tree)))
+    return trees
+
+
+def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
+    trees = derived_vllm_trees(tmp_path)
+    assert len(trees) >= 4, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "vllm", "patch": "vllm-sink-prefill",
+                    "check": "vllm_sink", "kwargs": {}}
+    ((out,),) = [engine_env.run("vllm==0.28.0", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        sinks = [r for r in rows if r["case"].startswith("sink prefill")]
+        if [r["wrapper_flashfix"] for r in sinks] != [SINK_CLASS] * 2 or any(len(r["calls_flashfix"]) != 1 for r in sinks):
+            problems.append("the sink branch did not run: %s" % [(r["wrapper_flashfix"], r["calls_flashfix"]) for r in sinks])
+        sink_runs = [e for e in log if e[0] == SINK_CLASS and e[1] == "run"]
+        if not sink_runs or any(e[2][1] != "tensor[16] float32" or "sinks" in e[3] for e in sink_runs):
+            problems.append("the sink wrapper's run did not get the sinks positionally: %s" % sink_runs)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+SINK_CLASS = "BatchAttentionWithAttentionSinkWrapper"

@@ -493,7 +493,7 @@ def _provided(module, fi):
               "get_kv_cache_layout": lambda: "NHD"}
     stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
                      "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
-                     "FP8_DTYPE": torch.float8_e4m3fn}
+                     "FP8_DTYPE": torch.float8_e4m3fn, "get_flashinfer_layout_string": lambda layout: "NHD"}
     values.update({k: v for k, v in stand_in_only.items() if isinstance(module.__dict__.get(k), _StandIn)})
     return {k: v for k, v in values.items() if k in module.__dict__}
 
@@ -531,25 +531,35 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
     module.__dict__.update(provided)
     forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
     calls = Calls(forward.__code__.co_filename)
-    backend_cls = module.FlashInferBackend
+    if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
+        layout, order = None, module.FlashInferBackend.get_kv_cache_stride_order()
+    else:  # from 0.29 the builder and impl read their cache config's resolved layout
+        layout = (types.SimpleNamespace(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
+            module.KVCacheLayout, _StandIn) else module.KVCacheLayout.LBNHC)
+        order = layout.layer_view_order
+    cache_config = types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout)
     rows = []
     try:
         for name, seqs, window_left in [c for c in SINK_CASES if c[0] in cases]:
             sm_scale = HEAD_DIM ** -0.5
             batch = PagedBatch(seqs, seed=seed, device=device)
-            order = backend_cls.get_kv_cache_stride_order()
-            logical = backend_cls.get_kv_cache_shape(len(batch.kv_indices), PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
-            memory = torch.empty([logical[i] for i in order], dtype=torch.bfloat16, device=device)
+            # the cache as vLLM lays it out for NHD: [blocks, tokens, heads, K|V], handed to forward as
+            # the view that forward's stride order turns back into it
+            memory = torch.empty(len(batch.kv_indices), PAGE_SIZE, NUM_KV_HEADS, 2 * HEAD_DIM, dtype=torch.bfloat16,
+                                 device=device)
             k_view, v_view = memory.split(HEAD_DIM, dim=-1)
             k_view.copy_(batch.k_cache)
             v_view.copy_(batch.v_cache)
             kv_cache = memory.permute(*sorted(range(len(order)), key=order.__getitem__))
 
             def run(make, fwd, has_sinks=True, sm12x=True):
-                module.current_platform.is_device_capability_family = lambda family: sm12x and family == 120
+                cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
+                module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
+                module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
                 builder = object.__new__(module.FlashInferMetadataBuilder)
                 builder.__dict__.update(
-                    has_sinks=has_sinks, use_dcp=False, is_kvcache_nvfp4=False, q_data_type_prefill=torch.bfloat16,
+                    has_sinks=has_sinks, use_dcp=False, cache_config=cache_config, is_kvcache_nvfp4=False,
+                    nvfp4_fa2=False, nvfp4_trtllm=False, q_data_type_prefill=torch.bfloat16,
                     kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left,
                     _prefill_wrapper=None, _noncausal_prefill_wrapper=None,
                     _workspace_buffer=_workspace(device))
@@ -560,15 +570,16 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                 batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
                 impl.__dict__.update(
-                    num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, scale=sm_scale,
+                    num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, scale=sm_scale, cache_config=cache_config,
                     sinks=batch.sinks, kv_cache_dtype="auto", is_kvcache_nvfp4=False, window_left=window_left,
+                    nvfp4_fa2=False, nvfp4_trtllm=False,
                     logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
                     _nvfp4_fp8_out=None)
                 layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0,
                                               _q_scale=torch.tensor(1.0), _o_scale_float=None)
                 n = len(batch.q)
                 metadata = types.SimpleNamespace(
-                    num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n, num_decodes=0, num_prefills=len(seqs),
+                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n, num_decodes=0, num_prefills=len(seqs),
                     use_cascade=False, cascade_wrapper=None, causal=True, q_data_type_prefill=torch.bfloat16,
                     q_data_type_decode=torch.bfloat16, prefill=module.FIPrefill(wrapper=wrapper), decode=None)
                 output = torch.empty_like(batch.q)
