@@ -79,9 +79,9 @@ def test_vllm_factory_and_forward_are_driven_on_the_derived_pre_fix_shape(tmp_pa
     (tmp_path / "vllm-0.28.0.dist-info" / "METADATA").write_text(meta.read_text())
     rows, log = drive("vllm==0.28.0", "vllm_sink", str(tmp_path))
     sinks = [r for r in rows if r["case"].startswith("sink prefill")]
-    assert len(sinks) == 2 and all(r["wrapper_pre_fix"] == "BatchPrefillWithPagedKVCacheWrapper"
-                                   and r["wrapper_flashfix"] == "BatchAttentionWithAttentionSinkWrapper"
-                                   and not r["error_flashfix"] and len(r["calls_flashfix"]) == 1 for r in sinks), sinks
+    assert len(sinks) == 2 and all(r["calls_pre_fix"][0] == "built BatchPrefillWithPagedKVCacheWrapper"
+                                   and r["calls_flashfix"][0] == "built BatchAttentionWithAttentionSinkWrapper"
+                                   and not r["error_flashfix"] and len(r["calls_flashfix"]) == 2 for r in sinks), sinks
     runs = [e for e in log if e[1] == "run"]
     sink_runs = [e for e in runs if e[0] == "BatchAttentionWithAttentionSinkWrapper"]
     assert sink_runs and all(e[2][1] == "tensor[16] float32" and "sinks" not in e[3] for e in sink_runs)
@@ -202,8 +202,9 @@ def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
                     if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
         problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
         sinks = [r for r in rows if r["case"].startswith("sink prefill")]
-        if [r["wrapper_flashfix"] for r in sinks] != [SINK_CLASS] * 2 or any(len(r["calls_flashfix"]) != 1 for r in sinks):
-            problems.append("the sink branch did not run: %s" % [(r["wrapper_flashfix"], r["calls_flashfix"]) for r in sinks])
+        if [r["calls_flashfix"][0] for r in sinks] != ["built " + SINK_CLASS] * 2 or any(
+                [c.split(" line")[0] for c in r["calls_flashfix"][1:]] != ["prefill.run"] for r in sinks):
+            problems.append("the sink branch did not run: %s" % [r["calls_flashfix"] for r in sinks])
         sink_runs = [e for e in log if e[0] == SINK_CLASS and e[1] == "run"]
         if not sink_runs or any(e[2][1] != "tensor[16] float32" or "sinks" in e[3] for e in sink_runs):
             problems.append("the sink wrapper's run did not get the sinks positionally: %s" % sink_runs)

@@ -147,27 +147,15 @@ class PagedBatch:
                                   window_left=window_left, sinks=self.sinks if sinks else None))
         return torch.cat(outs)
 
-    def plan(self, wrapper, sm_scale, window_left, q_dtype=None, kv_dtype=None):
+    def plan(self, wrapper, sm_scale, window_left):
         """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill."""
         import torch
 
-        wrapper.plan(
-            qo_indptr=self.qo_indptr,
-            paged_kv_indptr=self.kv_indptr,
-            paged_kv_indices=self.kv_indices,
-            paged_kv_last_page_len=self.last_page_len,
-            num_qo_heads=NUM_QO_HEADS,
-            num_kv_heads=NUM_KV_HEADS,
-            head_dim_qk=self.head_dim,
-            page_size=self.page_size,
-            causal=True,
-            sm_scale=sm_scale,
-            window_left=window_left,
-            logits_soft_cap=None,
-            q_data_type=q_dtype or torch.bfloat16,
-            kv_data_type=kv_dtype or self.kv_dtype,
-            o_data_type=torch.bfloat16,
-        )
+        wrapper.plan(qo_indptr=self.qo_indptr, paged_kv_indptr=self.kv_indptr, paged_kv_indices=self.kv_indices,
+                     paged_kv_last_page_len=self.last_page_len, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
+                     head_dim_qk=self.head_dim, page_size=self.page_size, causal=True, sm_scale=sm_scale,
+                     window_left=window_left, logits_soft_cap=None, q_data_type=torch.bfloat16,
+                     kv_data_type=self.kv_dtype, o_data_type=torch.bfloat16)
 
 
 # --- the engine's own code: installed, or loaded from a wheel or tree with stand-in imports ----
@@ -192,21 +180,14 @@ class _StandIn(type):
         _read(cls, "()")
         return _stand_in(cls.__qualname__ + "()")
 
-    def __getitem__(cls, item):
+    def __getitem__(cls, other):  # Generic[...] bases, X | None annotations
         return cls
 
-    def __or__(cls, other):
-        return cls
-
-    __ror__ = __or__
+    __or__ = __ror__ = __getitem__
 
     def __bool__(cls):
         _read(cls, "bool")
         return True
-
-    def __iter__(cls):
-        _read(cls, "iter")
-        return iter(())
 
 
 _reads = []  # while a check records: [stand-in use, ...]
@@ -323,8 +304,7 @@ class Calls:
         return wrapper
 
     def take(self):
-        taken, self.log = self.log, []
-        return taken
+        return [self.log.pop(0) for _ in list(self.log)]
 
 
 def drive(func, args, kwargs, calls, allowed=()):
@@ -354,143 +334,135 @@ def _same(a, b):
     return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
 
 
+def _pair(rows, row, run, original, live, err=None, **kw):
+    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: their
+    errors against float64 (``err(output, case)``) or, for a control, whether they are bitwise
+    equal; the FlashInfer calls and errors of each. Returns the released code's output."""
+    t = time.time()
+    (o1, c1, e1, x1), (o2, c2, e2, x2) = run(original, **kw), run(live, **kw)
+    row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1))
+    if err is None:
+        row.update(control=True, bitwise_equal=_same(o1, o2))
+    else:
+        row.update(err_pre_fix=err(o1, x1), err_flashfix=err(o2, x2))
+    rows.append(row)
+    return o1
+
+
+def _engine(patch_id, path, functions):
+    """``(module, rows, head, [(live, original), ...])`` of a check; ``rows`` says why when the
+    patch is not applied (then nothing can be driven)."""
+    module, record, version = engine_module(patch_id, path)
+    head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
+            "state": record["state"], "reason": record["reason"]}
+    if record["state"] != "applied":
+        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, []
+    pairs = [live_and_original(record, f) for f in functions]
+    head.update(functions=["%s (%s)" % (f, _where(o)) for f, (_, o) in zip(functions, pairs)])
+    return module, [], head, pairs
+
+
+def _revert(patch_id, rows, head, same):
+    from flashfix.core import registry as _registry
+
+    _registry.revert(patch_id)
+    rows.append(dict(head, case="revert() restores the original output", control=True, bitwise_equal=same()))
+    return rows
+
+
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 
 
-def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, seed=0,
-               fi=None):
+def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_SCALE, V_SCALE), seed=0, fi=None):
     """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
     scales far from 1: the ragged + paged branch against float64, and the controls that must not
     change (no prefix, paged-only, scales 1.0); then ``revert()``. ``fi``: a FlashInfer stand-in
     (CPU tests), else the real one."""
     import torch
 
-    t0 = time.time()
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
-    module, record, version = engine_module("sglang-fp8-kv-scales", path)
-    head = {"engine": "sglang", "engine_version": version, "file": module.__file__,
-            "state": record["state"], "reason": record["reason"]}
-    if record["state"] != "applied":
-        return [dict(head, case="not applied", error="the patch is %s: %s" % (record["state"], record["reason"]))]
-    live, original = live_and_original(record, "FlashInferAttnBackend.forward_extend")
-    cls = getattr(module, "FlashInferAttnBackend")
+    module, rows, head, pairs = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"])
+    if not pairs:
+        return rows
+    (live, original), = pairs
     device = "cuda" if fi is None else "cpu"
     if fi is None:
         import flashinfer as fi
     calls = Calls(live.__code__.co_filename)
-    rows = []
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    prefix, whole = [p for p, _ in requests], [p + n for p, n in requests]
+    qo = torch.tensor([0] + list(itertools.accumulate(n for _, n in requests)), dtype=torch.int32)
     for head_dim in head_dims:
-        sm_scale = head_dim ** -0.5
         gen = torch.Generator(device=device).manual_seed(seed)
-        new_lens = [n for _, n in requests]
-        qo = torch.tensor([0] + list(itertools.accumulate(new_lens)), dtype=torch.int32)
+        q, k, v = (torch.randn(qo[-1], h, head_dim, generator=gen, device=device).to(bf16)
+                   for h in (NUM_QO_HEADS, NUM_KV_HEADS, NUM_KV_HEADS))
 
-        def rand(*shape):
-            return torch.randn(*shape, generator=gen, device=device).to(torch.bfloat16)
-
-        q, k, v = rand(qo[-1], NUM_QO_HEADS, head_dim), rand(qo[-1], NUM_KV_HEADS, head_dim), rand(qo[-1], NUM_KV_HEADS, head_dim)
-
-        def case(scales, prefix_lens, use_ragged, no_prefix, causal_paged):
-            cache = PagedBatch([(1, p) for p in prefix_lens], kv_dtype=torch.float8_e4m3fn, page_size=1,
-                               head_dim=head_dim, seed=seed, k_scale=scales[0], v_scale=scales[1], device=device)
+        def run(func, scales=scales, kv_lens=prefix, use_ragged=True, no_prefix=False, floats=False):
+            cache = PagedBatch([(1, n) for n in kv_lens], kv_dtype=fp8, page_size=1, head_dim=head_dim, seed=seed,
+                               k_scale=scales[0], v_scale=scales[1], device=device)
             ragged = calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="auto"))
-            ragged.plan(qo, qo, NUM_QO_HEADS, NUM_KV_HEADS, head_dim, causal=True, q_data_type=torch.bfloat16)
+            ragged.plan(qo, qo, NUM_QO_HEADS, NUM_KV_HEADS, head_dim, causal=True, q_data_type=bf16)
             paged = calls.watch("paged", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
-            paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS,
-                       head_dim, 1, causal=causal_paged, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+            paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS, head_dim,
+                       1, causal=not use_ragged, q_data_type=bf16, kv_data_type=fp8)
             pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
             # self, layer and forward_batch: what forward_extend reads, 0.5.1 to 0.5.17
-            backend = object.__new__(cls)
+            backend = object.__new__(module.FlashInferAttnBackend)
             backend.__dict__.update(
                 forward_metadata=types.SimpleNamespace(prefill_wrappers=[paged], use_ragged=use_ragged,
                                                        extend_no_prefix=no_prefix, multi_item_params=None),
                 num_wrappers=1, prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
                 prefill_uses_dequant_workspace=False, is_dllm_model=False)
+            # a checkpoint's KV scales as RadixAttention holds them: 0-dim tensors (what 0.5.1's paged
+            # calls pass) and, from 0.5.2, the floats k_scale_float / v_scale_float that they pass
+            tensors = [s if floats else torch.tensor(s, device=device) for s in scales]
             layer = types.SimpleNamespace(
-                layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=sm_scale, sliding_window_size=-1,
-                tp_q_head_num=NUM_QO_HEADS, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS,
-                head_dim=head_dim, attn_type=module.AttentionType.DECODER,
-                # as RadixAttention holds a checkpoint's KV scales: a 0-dim tensor (0.5.1's k_scale)
-                # and, from 0.5.2, the floats k_scale_float / v_scale_float read by the paged calls
-                k_scale=torch.tensor(scales[0], device=device), v_scale=torch.tensor(scales[1], device=device),
+                layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
+                tp_q_head_num=NUM_QO_HEADS, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
+                attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
                 k_scale_float=scales[0], v_scale_float=scales[1])
             batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
-            return cache, (backend, q, k, v, layer, batch), {"save_kv_cache": False}
+            # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
+            return drive(func, (backend, q, k, v, layer, batch), {"save_kv_cache": False}, calls,
+                         allowed=[module.AttentionType.__qualname__]) + (cache,)
 
-        def run(func, scales=(k_scale, v_scale), prefix=[p for p, _ in requests], use_ragged=True, no_prefix=False,
-                causal_paged=False, float_scales=False):
-            cache, args, kwargs = case(scales, prefix, use_ragged, no_prefix, causal_paged)
-            if float_scales:
-                args[4].k_scale, args[4].v_scale = scales
-            # AttentionType is only compared, by identity, with layer.attn_type (set from it above)
-            return drive(func, args, kwargs, calls, allowed=[module.AttentionType.__qualname__]) + (cache,)
+        def err(out, cache):
+            if out is None or device == "cpu":
+                return None
+            ref = [reference(q[qo[i]:qo[i + 1]], torch.cat([cache.request_kv(i, "k"), k[qo[i]:qo[i + 1]].double()]),
+                             torch.cat([cache.request_kv(i, "v"), v[qo[i]:qo[i + 1]].double()]), head_dim ** -0.5)
+                   for i in range(len(requests))]
+            return rel_l2(out, torch.cat(ref).reshape(len(q), -1))
 
-        def reference_of(cache, paged_only=False):
-            refs = []
-            for i in range(len(requests)):
-                a, b = int(qo[i]), int(qo[i + 1])
-                ks, vs = [cache.request_kv(i, "k")], [cache.request_kv(i, "v")]
-                if not paged_only:
-                    ks.append(k[a:b].double())
-                    vs.append(v[a:b].double())
-                refs.append(reference(q[a:b], torch.cat(ks), torch.cat(vs), sm_scale, causal=True))
-            return torch.cat(refs).reshape(len(q), -1)
-
-        def err(out, cache, **kw):
-            return None if out is None or device == "cpu" else rel_l2(out, reference_of(cache, **kw))
-
-        base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], k_scale=k_scale, v_scale=v_scale,
-                    function="FlashInferAttnBackend.forward_extend", line=_where(original))
-        # the fix: ragged + paged
-        t = time.time()
-        o_old, c_old, e_old, cache = run(original)
-        o_new, c_new, e_new, _ = run(live)
-        row = dict(base, case="ragged+paged, FP8 e4m3", err_pre_fix=err(o_old, cache), err_flashfix=err(o_new, cache),
-                   calls_pre_fix=c_old, calls_flashfix=c_new, error_pre_fix=e_old, error_flashfix=e_new,
-                   seconds=round(time.time() - t, 1))
-        rows.append(row)
-        if e_new and not e_old:  # does the engine's own paged-only call (flashfix leaves it) fail the same way?
-            e_p = run(original, prefix=[p + n for p, n in requests], use_ragged=False, causal_paged=True)[2]
-            if e_p and e_p.split(":")[0] == e_new.split(":")[0]:
-                row["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
-                                   "forward, unpatched, fails the same way (%s)" % e_p)
-                o1, c1, e1, _ = run(original, float_scales=True)
-                o2, c2, e2, _ = run(live, float_scales=True)
-                rows.append(dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale given as floats",
-                                 err_pre_fix=err(o1, cache), err_flashfix=err(o2, cache), calls_pre_fix=c1,
-                                 calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2))
-        # controls: the fix must change nothing there
-        for name, kw in (("control: no prefix", dict(no_prefix=True)),
-                         ("control: paged-only", dict(prefix=[p + n for p, n in requests], use_ragged=False, causal_paged=True)),
-                         ("control: scales 1.0", dict(scales=(1.0, 1.0)))):
-            o1, c1, e1, _ = run(original, **kw)
-            o2, c2, e2, _ = run(live, **kw)
-            rows.append(dict(base, case=name, control=True, bitwise_equal=_same(o1, o2), calls_pre_fix=c1,
-                             calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2))
-            if row.get("mismatch") and (e1 or e2 or "").split(":")[0] == e_new.split(":")[0]:
-                rows[-1]["mismatch"] = row["mismatch"]  # the same engine/FlashInfer mismatch
-    from flashfix.core import registry as _registry
-
-    _registry.revert("sglang-fp8-kv-scales")
-    rows.append(dict(head, case="revert() restores the original output", control=True,
-                     bitwise_equal=_same(run(live)[0], o_old)))
-    for r in rows:
-        r.setdefault("seconds", round(time.time() - t0, 1))
-    return rows
+        base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
+        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err)
+        main = rows[-1]
+        if main["error_flashfix"] and not main["error_pre_fix"]:
+            # does the engine's own paged-only call, which flashfix leaves alone, fail the same way?
+            same = run(original, kv_lens=whole, use_ragged=False)[2]
+            if same and same.split(":")[0] == main["error_flashfix"].split(":")[0]:
+                main["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
+                                    "forward, unpatched, fails the same way (%s)" % same)
+                _pair(rows, dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale as floats"), run, original,
+                      live, err, floats=True)
+        for name, kw in (("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
+                         ("scales 1.0", dict(scales=(1.0, 1.0)))):
+            _pair(rows, dict(base, case="control: " + name), run, original, live, **kw)
+            if main.get("mismatch") and (rows[-1]["error_pre_fix"] or "").split(":")[0] == same.split(":")[0]:
+                rows[-1]["mismatch"] = main["mismatch"]
+    return _revert("sglang-fp8-kv-scales", rows, head, lambda: _same(run(live)[0], released))
 
 
 # --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
 
 
-def _provided(module, fi):
-    """Module globals the check sets while it runs (restored after): the GPU capability vLLM's
-    gates ask (SM12x, always faked) and the NHD layout; where the module was loaded with stand-in
-    imports, the helpers ``forward`` calls, as vLLM defines them for the check's bf16 tensors.
-    docs/gpu.md says why each is faithful."""
+def _provided(module):
+    """Module globals the check sets while it runs (restored after): the GPU vLLM's gates ask
+    about (answered per run), and where the module was loaded with stand-in imports, the helpers
+    the functions call, as vLLM defines them for the check's bf16 NHD cache (docs/gpu.md)."""
     import torch
 
-    values = {"current_platform": types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
-              "get_kv_cache_layout": lambda: "NHD"}
+    values = {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}
     stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
                      "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
                      "FP8_DTYPE": torch.float8_e4m3fn, "get_flashinfer_layout_string": lambda layout: "NHD"}
@@ -503,8 +475,7 @@ def _forcing_fa2(classes):
     saved = [(c, c.__dict__["__init__"]) for c in classes if "__init__" in c.__dict__]
     for cls, init in saved:
         def forced(self, *args, _init=init, **kwargs):
-            kwargs["backend"] = "fa2"
-            _init(self, *args, **kwargs)
+            _init(self, *args, **dict(kwargs, backend="fa2"))
         cls.__init__ = forced
     return saved
 
@@ -512,21 +483,18 @@ def _forcing_fa2(classes):
 def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=None):
     """vLLM's own prefill-wrapper factory and ``FlashInferImpl.forward`` (patched, and as
     released) on a paged prefill of a model with attention sinks, against float64; controls:
-    no sinks, and a GPU the build does not serve sinks on; then ``revert()``."""
+    no sinks, and a GPU the build serves no sinks on; then ``revert()``."""
     import torch
 
-    t0 = time.time()
-    module, record, version = engine_module("vllm-sink-prefill", path)
-    head = {"engine": "vllm", "engine_version": version, "file": module.__file__, "state": record["state"],
-            "reason": record["reason"]}
-    if record["state"] != "applied":
-        return [dict(head, case="not applied", error="the patch is %s: %s" % (record["state"], record["reason"]))]
-    factory, factory_0 = live_and_original(record, "FlashInferMetadataBuilder._get_prefill_wrapper")
-    forward, forward_0 = live_and_original(record, "FlashInferImpl.forward")
+    module, rows, head, pairs = _engine("vllm-sink-prefill", path, [
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"])
+    if not pairs:
+        return rows
+    (factory, factory_0), (forward, forward_0) = pairs
     device = "cuda" if fi is None else "cpu"
     if fi is None:
         import flashinfer as fi
-    provided = _provided(module, fi)
+    provided = _provided(module)
     saved = {k: module.__dict__[k] for k in provided}
     module.__dict__.update(provided)
     forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
@@ -537,83 +505,63 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
         layout = (types.SimpleNamespace(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
             module.KVCacheLayout, _StandIn) else module.KVCacheLayout.LBNHC)
         order = layout.layer_view_order
-    cache_config = types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout)
-    rows = []
+    common = dict(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout), window_left=None,
+                  is_kvcache_nvfp4=False, nvfp4_fa2=False, nvfp4_trtllm=False)
+    bf16, sm_scale = torch.bfloat16, HEAD_DIM ** -0.5
     try:
         for name, seqs, window_left in [c for c in SINK_CASES if c[0] in cases]:
-            sm_scale = HEAD_DIM ** -0.5
             batch = PagedBatch(seqs, seed=seed, device=device)
-            # the cache as vLLM lays it out for NHD: [blocks, tokens, heads, K|V], handed to forward as
+            common["window_left"] = window_left
+            # the cache as vLLM lays it out for NHD, [blocks, tokens, heads, K|V], handed to forward as
             # the view that forward's stride order turns back into it
-            memory = torch.empty(len(batch.kv_indices), PAGE_SIZE, NUM_KV_HEADS, 2 * HEAD_DIM, dtype=torch.bfloat16,
-                                 device=device)
-            k_view, v_view = memory.split(HEAD_DIM, dim=-1)
-            k_view.copy_(batch.k_cache)
-            v_view.copy_(batch.v_cache)
+            memory = torch.cat([batch.k_cache, batch.v_cache], dim=-1)
             kv_cache = memory.permute(*sorted(range(len(order)), key=order.__getitem__))
 
-            def run(make, fwd, has_sinks=True, sm12x=True):
+            def run(patched, has_sinks=True, sm12x=True):
+                make, fwd = (factory, forward) if patched else (factory_0, forward_0)
                 cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
                 module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
                 module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
                 builder = object.__new__(module.FlashInferMetadataBuilder)
-                builder.__dict__.update(
-                    has_sinks=has_sinks, use_dcp=False, cache_config=cache_config, is_kvcache_nvfp4=False,
-                    nvfp4_fa2=False, nvfp4_trtllm=False, q_data_type_prefill=torch.bfloat16,
-                    kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left,
-                    _prefill_wrapper=None, _noncausal_prefill_wrapper=None,
-                    _workspace_buffer=_workspace(device))
+                builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
+                                        kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
+                                        _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
                 wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
                 if error:
                     return None, [], error, None
                 calls.watch("prefill", wrapper, names=("run",))
                 batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
-                impl.__dict__.update(
-                    num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, scale=sm_scale, cache_config=cache_config,
-                    sinks=batch.sinks, kv_cache_dtype="auto", is_kvcache_nvfp4=False, window_left=window_left,
-                    nvfp4_fa2=False, nvfp4_trtllm=False,
-                    logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
-                    _nvfp4_fp8_out=None)
+                impl.__dict__.update(common, num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
+                                     scale=sm_scale, sinks=batch.sinks, kv_cache_dtype="auto", logits_soft_cap=None,
+                                     dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
+                                     _nvfp4_fp8_out=None)
                 layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0,
                                               _q_scale=torch.tensor(1.0), _o_scale_float=None)
                 n = len(batch.q)
                 metadata = types.SimpleNamespace(
-                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n, num_decodes=0, num_prefills=len(seqs),
-                    use_cascade=False, cascade_wrapper=None, causal=True, q_data_type_prefill=torch.bfloat16,
-                    q_data_type_decode=torch.bfloat16, prefill=module.FIPrefill(wrapper=wrapper), decode=None)
+                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
+                    num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
+                    q_data_type_prefill=bf16, q_data_type_decode=bf16, prefill=module.FIPrefill(wrapper=wrapper),
+                    decode=None)
                 output = torch.empty_like(batch.q)
-                out, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
-                return (output if error is None else None), took, error, type(wrapper).__name__
+                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {},
+                                       calls)
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error, None
 
-            base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs],
-                        function="FlashInferImpl.forward", line=_where(forward_0), factory_line=_where(factory_0))
-            t = time.time()
-            o_old, c_old, e_old, w_old = run(factory_0, forward_0)
-            o_new, c_new, e_new, w_new = run(factory, forward)
-            err = (lambda o: None) if device == "cpu" else (lambda o: None if o is None else rel_l2(o, batch.reference(sm_scale, window_left)))
-            rows.append(dict(base, case="sink prefill, " + name, err_pre_fix=err(o_old), err_flashfix=err(o_new),
-                             wrapper_pre_fix=w_old, wrapper_flashfix=w_new, calls_pre_fix=c_old, calls_flashfix=c_new,
-                             error_pre_fix=e_old, error_flashfix=e_new, seconds=round(time.time() - t, 1)))
-            for label, kw in (("control: no sinks", dict(has_sinks=False)),
-                              ("control: a GPU without sink support (not SM12x)", dict(sm12x=False))):
-                o1, c1, e1, w1 = run(factory_0, forward_0, **kw)
-                o2, c2, e2, w2 = run(factory, forward, **kw)
-                rows.append(dict(base, case="%s, %s" % (label, name), control=True, bitwise_equal=_same(o1, o2),
-                                 wrapper_pre_fix=w1, wrapper_flashfix=w2, calls_pre_fix=c1, calls_flashfix=c2,
-                                 error_pre_fix=e1, error_flashfix=e2))
-        from flashfix.core import registry as _registry
+            def err(out, _):
+                return None if out is None or device == "cpu" else rel_l2(out, batch.reference(sm_scale, window_left))
 
-        _registry.revert("vllm-sink-prefill")
-        rows.append(dict(head, case="revert() restores the original output", control=True,
-                         bitwise_equal=_same(run(factory, forward)[0], o_old)))
+            base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
+            released = _pair(rows, dict(base, case="sink prefill, " + name), run, False, True, err)
+            for label, kw in (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))):
+                _pair(rows, dict(base, case="control: %s, %s" % (label, name)), run, False, True, **kw)
+        return _revert("vllm-sink-prefill", rows, head, lambda: _same(run(True)[0], released))
     finally:
         module.__dict__.update(saved)
         for cls, init in forced:
             cls.__init__ = init
-    for r in rows:
-        r.setdefault("seconds", round(time.time() - t0, 1))
-    return rows
+
 
 # --- (c) sink wrappers of different configurations in one process -----------------------------
 
