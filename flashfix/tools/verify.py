@@ -5,19 +5,13 @@ Meant for an image pipeline, on the target GPU, before traffic reaches it:
 1. the doctor's verdict per patch (no engine imported);
 2. the runtime state per patch after importing the engines' target modules in a child
    process, exactly as ``import flashfix`` in a server would leave them;
-3. numeric checks on the GPU, each in its own child process (run side by side, since
-   FlashInfer JIT-compiles about a minute per kernel variant on first use), through
-   flashfix's own patch code with the installed FlashInfer, against float64 references,
-   next to the unpatched call to show the bug it guards against:
-   - ``vllm-sink-prefill``: paged prefill with attention sinks, without and with a sliding
-     window, on ``fa2`` (the backend SM12x runs); the factory sees device capability family
-     120 (faked when this GPU is not SM12x, and the output says so);
-   - ``sglang-fp8-kv-scales``: SGLang's ragged + paged prefill over an FP8 e4m3 cache with
-     k/v scales far from 1, merged by log-sum-exp;
-   - ``flashinfer-sink-jit-name``: a bf16-KV then an FP8-KV sink wrapper in one process.
-
-Nothing in this process is patched: the checks drive flashfix's patch code on stand-ins in
-child processes, so the engines here stay as ``import flashfix`` leaves them.
+3. for every patch that changes numbers and applies (to the installed engine, or to an engine
+   given with ``--path``, a wheel or tree loaded with stand-ins for the engine modules it
+   imports), a check in its own child process (side by side: FlashInfer JIT-compiles about a
+   minute per kernel variant) that runs the engine's own patched functions and the code kept for
+   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``: FP8 ragged +
+   paged ``forward_extend``; sink prefill through vLLM's factory and ``forward``, fa2, SM12x
+   capability faked), and the sink-wrapper JIT-name sequence.
 
 Exit status: 0 everything that applies passed; 1 a check failed or a patch that should
 apply is not in force; 3 no usable GPU; 4 no engine (vLLM, SGLang or FlashInfer) to check.
@@ -27,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 from flashfix.tools import doctor as _doctor
@@ -90,9 +83,6 @@ for patch in _registry.load_all():
 print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
 """
 
-EXPECTED = {"patch": "applied", "fixed-upstream": "fixed-upstream", "not-affected": "not-affected",
-            "disabled": "disabled", "not-installed": "not-installed", "unknown-shape": "unknown-shape"}
-
 
 def _child(code):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -116,39 +106,30 @@ def _run_checks(wanted, as_json, start):
     """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
     engine's wheel or tree, None for the installed engine) side by side in child processes, with
     progress lines."""
+    import tempfile
+
     procs = {}
     for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
         name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
         code = ("import json; from flashfix.tools import gpu_checks as g; path = %r\n"
                 "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, expr))
-        env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))
-        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                                  stderr=subprocess.PIPE, text=True, env=env))
-    if not procs:
-        return []
-    _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
-         "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
-    outputs = {}
-    results = []
-
-    def collect(name, proc):
-        outputs[name] = proc.communicate()
-
-    threads = {n: threading.Thread(target=collect, args=(n, p), daemon=True) for n, (_, p) in procs.items()}
-    for thread in threads.values():
-        thread.start()
-    last_tick = time.time()
-    while len(results) < len(procs):
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
+                                                  env=dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))), out, err)
+    if procs:
+        _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
+             "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
+    results, tick = [], time.time()
+    while procs:
         time.sleep(0.5)
-        for name, thread in threads.items():
-            if not thread.is_alive() and name in outputs and name not in [r["check"] for r in results]:
-                result = _result(name, procs[name][0], procs[name][1], *outputs[name])
-                _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(result)), as_json)
-                results.append(result)
-        if time.time() - last_tick >= 15 and len(results) < len(procs):
-            last_tick = time.time()
-            done = {r["check"] for r in results}
-            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(n for n in procs if n not in done)), as_json)
+        for name, (patch_id, proc, out, err) in list(procs.items()):
+            if proc.poll() is not None:
+                del procs[name]
+                results.append(_result(name, patch_id, proc, *[f.seek(0) or f.read() for f in (out, err)]))
+                _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(results[-1])), as_json)
+        if procs and time.time() - tick >= 15:
+            tick = time.time()
+            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(procs)), as_json)
     return results
 
 
@@ -229,7 +210,7 @@ def run(as_json=False, paths=()):
     report = []
     for row in rows:
         state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
-        expected = EXPECTED[row["verdict"]]
+        expected = "applied" if row["verdict"] == "patch" else row["verdict"]
         in_force = state == expected or (row["verdict"] == "not-installed")
         if not in_force:
             failures.append("%s: doctor said %s but runtime state is %s" % (row["id"], row["verdict"], state))
