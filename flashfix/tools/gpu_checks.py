@@ -251,7 +251,7 @@ def engine_module(patch_id, path=None):
     others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
     del _registry._config_cache[:]
-    reader = _locate.open_path(path) if path else _locate.reader()
+    reader = _locate.open_path(os.path.abspath(path)) if path else _locate.reader()  # the module's __file__ is absolute
     with _locate.reading(reader):
         (target,) = _registry.targets_of(patch)
         if path:  # after flashfix's finder, before the installed engine's
