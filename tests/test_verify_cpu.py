@@ -47,3 +47,29 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
     assert r["results"] == {"ok": True, "too far": False, "crash": False}
     assert "ok: pass, max relative error with flashfix 0.001 (threshold 0.005), without the fix 0.6" in proc.stdout
     assert "too far: FAIL" in proc.stdout and "ZeroDivisionError" in proc.stdout
+
+
+def test_result_counts_a_mismatch_present_without_flashfix_apart_and_fails_anything_else():
+    # rows as flashfix.tools.gpu_checks reports them (benchmarks/results/verify_h200.json has real ones)
+    (r,), _ = run_py('''
+        from flashfix.tools import verify as _verify
+        import json
+        ok = type("P", (), {"returncode": 0})()
+        mismatch = "engine/FlashInfer mismatch present without flashfix: ..."
+        rows = [{"case": "ragged+paged", "err_pre_fix": 118.0, "err_flashfix": None, "error_flashfix": "TypeError: x",
+                 "mismatch": mismatch},
+                {"case": "as floats", "err_pre_fix": 118.0, "err_flashfix": 0.003},
+                {"case": "control: scales 1.0", "control": True, "bitwise_equal": False, "error_flashfix": "TypeError: x",
+                 "mismatch": mismatch},
+                {"case": "control: no prefix", "control": True, "bitwise_equal": True}]
+        judged = lambda rows: _verify._result("c", "sglang-fp8-kv-scales", ok, "FLASHFIX_RESULT=" + json.dumps(rows), "")
+        with_mismatch = judged(rows)
+        rows[3]["bitwise_equal"] = False
+        control_differs = judged(rows)
+        rows[3]["bitwise_equal"] = True
+        rows.append({"case": "not applied", "error": "the patch is unknown-shape: ..."})
+        not_applied = judged(rows)
+        report(results=[with_mismatch["passed"], len(with_mismatch["mismatches"]), control_differs["passed"],
+                        not_applied["passed"], not_applied["problems"]])
+    ''')
+    assert r["results"] == [True, 2, False, False, ["not applied: the patch is unknown-shape: ..."]]

@@ -438,7 +438,8 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
         for name, kw in (("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
                          ("scales 1.0", dict(scales=(1.0, 1.0)))):
             _pair(rows, dict(base, case="control: " + name), run, original, live, **kw)
-            if main.get("mismatch") and (rows[-1]["error_pre_fix"] or "").split(":")[0] == same.split(":")[0]:
+            if main.get("mismatch") and (rows[-1]["error_flashfix"] or rows[-1]["error_pre_fix"] or "").split(":")[0] \
+                    == same.split(":")[0]:
                 rows[-1]["mismatch"] = main["mismatch"]
     return _revert("sglang-fp8-kv-scales", rows, head, lambda: _same(run(live)[0], released))
 
