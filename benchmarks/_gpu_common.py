@@ -3,6 +3,7 @@ each kernel variant once, ~70 s, so independent work runs in parallel processes,
 its own JIT cache directory unless it shares one on purpose), result lines and output."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -96,3 +97,90 @@ def gather(children):
         if c.failed():
             problems.append({"child": c.label, "rc": c.proc.returncode, "wall_s": c.wall_s, "tail": c.tail()})
     return rows, env, problems
+
+
+# --- moved from flashfix/tools/gpu_checks.py (used by the benchmark scripts only) ---
+
+def environment():
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import flashinfer
+
+        info["flashinfer"] = getattr(flashinfer, "__version__", "?")
+    except Exception as exc:  # reported, the checks will fail on their own
+        info["flashinfer"] = "import failed: %r" % (exc,)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["capability"] = "%d.%d" % (props.major, props.minor)
+    else:
+        info["gpu"] = None
+    from flashfix import __version__
+
+    info["flashfix"] = __version__
+    return info
+
+
+def time_ms(fn, warmup=3, iters=20):
+    """Median time of ``fn()`` in milliseconds (CUDA events)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sink_patch_state():
+    """flashfix's state of the JIT-name patch in this process."""
+    try:
+        from flashfix.core import registry as _registry
+
+        for row in _registry.status():
+            if row["id"] == "flashinfer-sink-jit-name":
+                return row["state"]
+    except Exception as exc:
+        return "status failed: %r" % (exc,)
+    return "absent"
+
+
+def markdown(rows, columns):
+    """A markdown table of ``rows`` (dicts) with ``columns`` [(header, key or callable)]."""
+
+    def cell(row, key):
+        value = key(row) if callable(key) else row.get(key, "")
+        if isinstance(value, float):
+            if math.isinf(value):
+                return "inf (NaN)"
+            return "%.4g" % value
+        return str(value)
+
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row, k) for _, k in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_json(name, payload):
+    """Write ``payload`` to ``$OUT/<name>`` when OUT is set; returns the path or None."""
+    import json
+
+    out = os.environ.get("OUT")
+    if not out:
+        return None
+    path = os.path.join(out, name)
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=1, default=repr)
+    return path
+

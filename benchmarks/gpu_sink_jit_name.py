@@ -40,9 +40,9 @@ def child(spec):
     from flashfix.tools import gpu_checks as checks
 
     configs = [(kv, int(d)) for kv, d in (item.split(":") for item in spec.split(","))]
-    common.emit({"env": checks.environment()})
+    common.emit({"env": common.environment()})
     result = checks.sink_sequence(configs, log=lambda row: common.emit({"row": row}))
-    common.emit({"done": result, "patch_state": checks.sink_patch_state()})
+    common.emit({"done": result, "patch_state": common.sink_patch_state()})
 
 
 def main():
@@ -88,7 +88,7 @@ def main():
         for row in run["rows"]:
             table.append(dict(row, sequence=run["sequence"], flashfix=run["flashfix"], patch_state=run["patch_state"],
                               renamed="yes" if (row["step"] == 2 and run["warnings"]) else ""))
-    from flashfix.tools.gpu_checks import markdown, write_json
+    from _gpu_common import markdown, write_json
 
     print("## Sink-wrapper JIT name collision (flashinfer-sink-jit-name)\n")
     print(common.header(env) + "\n")

@@ -40,7 +40,7 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
             ("too far", "sglang-fp8-kv-scales", "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
             ("crash", "flashinfer-sink-jit-name", "1/0"),
         )
-        results = _verify._run_checks({"vllm-sink-prefill", "sglang-fp8-kv-scales", "flashinfer-sink-jit-name"},
+        results = _verify._run_checks({("vllm-sink-prefill", None), ("sglang-fp8-kv-scales", None), ("flashinfer-sink-jit-name", None)},
                                       False, time.time())
         report(results={x["check"]: x["passed"] for x in results})
     ''')
@@ -49,96 +49,27 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
     assert "too far: FAIL" in proc.stdout and "ZeroDivisionError" in proc.stdout
 
 
-def test_vllm_check_builds_through_the_runtime_factory_edit():
-    # The GPU check's factory is the runtime's own edit (the declaration's factory hunk) applied to a
-    # stand-in of vLLM's pre-fix factory; here its constructions are recorded, on the CPU.
-    code = '''
-import json, sys, types
-from flashfix.tools import gpu_checks as _gpu_checks
-from flashfix.core import registry as _registry
-
-class Recorder:
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-class Sink(Recorder): pass
-class Generic(Recorder): pass
-
-def describe(w):
-    return [type(w).__name__, list(w.args), {k: str(v) for k, v in sorted(w.kwargs.items())}]
-
-out = {}
-for backend in ("auto", "fa2"):
-    original, fixed, builder = _gpu_checks._vllm_stand_ins(backend, 128, lambda: "workspace", Sink, Generic)
-    b = builder()
-    out[backend] = {"fixed": describe(fixed(b)), "cached": fixed(b) is b._prefill_wrapper,
-                    "noncausal": describe(fixed(b, causal=False)), "original": describe(original(builder()))}
-b = builder(); b.has_sinks = False
-out["no sinks"] = describe(fixed(b))
-_gpu_checks.current_platform.is_device_capability_family = lambda family: False
-out["not SM12x"] = describe(fixed(builder()))
-b = builder(); b.is_kvcache_nvfp4 = True
-try:
-    _gpu_checks.current_platform.is_device_capability_family = lambda family: family == 120
-    fixed(b)
-except NotImplementedError as exc:
-    out["nvfp4"] = "NotImplementedError"
-class Run(Recorder):
-    def run(self, *args, **kwargs):
-        self.ran = [list(map(str, args)), {k: str(v) for k, v in sorted(kwargs.items())}]
-forward = _gpu_checks._fixed_vllm_forward()
-impl = _gpu_checks._VllmImplStandIn(0.5, "S")
-layer = types.SimpleNamespace(_q_scale_float=2.0, _k_scale_float=3.0, _v_scale_float=4.0)
-for label, cls in (("forward sink", type("SinkRun", (Run, Sink), {})), ("forward generic", Run)):
-    _gpu_checks.BatchAttentionWithAttentionSinkWrapper = Sink
-    wrapper = cls()
-    forward(impl, layer, wrapper, "q", "kv", "out", None)
-    out[label] = wrapper.ran
-out["same function"] = _gpu_checks._fixed_vllm_factory() is fixed
-out["code differs"] = fixed.__code__.co_code != original.__code__.co_code
-print("FLASHFIX_RESULT=" + json.dumps(out))
-'''
-    (r,) = engine_env.run("vllm==0.28.0", code)
-    sink = {"backend": "auto", "head_dim_qk": "64", "head_dim_vo": "64", "kv_data_type": "torch.bfloat16",
-            "q_data_type": "torch.bfloat16", "window_left": "128"}
-    assert r["auto"]["fixed"] == ["Sink", ["workspace", "NHD"], sink]
-    assert r["auto"]["noncausal"] == ["Sink", ["workspace", "NHD"], sink]
-    assert r["auto"]["cached"] is True
-    assert r["auto"]["original"] == ["Generic", ["workspace", "NHD"], {"backend": "auto"}]
-    # on SM12x FlashInfer's "auto" picks fa2: the check forces it through a subclass
-    assert r["fa2"]["fixed"] == ["sink_for_module", ["workspace", "NHD"], dict(sink, backend="fa2")]
-    assert r["fa2"]["original"] == ["Generic", ["workspace", "NHD"], {"backend": "fa2"}]
-    assert r["no sinks"] == r["not SM12x"] == ["Generic", ["workspace", "NHD"], {"backend": "fa2"}]
-    assert r["nvfp4"] == "NotImplementedError"
-    assert r["same function"] is True and r["code differs"] is True
-    # forward: the sink wrapper gets the sinks and the merged scale sm_scale * q_scale * k_scale
-    assert r["forward sink"] == [["q", "kv", "S", "3.0"], {"out": "out", "v_scale": "4.0"}]
-    assert r["forward generic"] == [["q", "kv"], {"k_scale": "3.0", "kv_cache_sf": "None", "out": "out",
-                                                  "q_scale": "2.0", "v_scale": "4.0"}]
-
-
-def test_sglang_check_runs_the_fp8_declarations_own_edit():
-    # verify's fp8-paged check (GPU) runs this twin; on the CPU, record what its paged calls get.
-    # The test interpreter has no SGLang, as on a GPU box where verify checks FlashInfer alone: the
-    # twin must come from the stand-in's own source, never from an installed engine's.
-    code = '''
-import json, sys, types
-from flashfix.tools import gpu_checks
-
-calls = []
-class Recorder:
-    def __init__(self, tag):
-        self.tag = tag
-    def forward_return_lse(self, *args, **kwargs):
-        calls.append([self.tag, len(args), kwargs])
-        return self.tag + "-o", self.tag + "-s"
-gpu_checks.merge_state = lambda o1, s1, o2, s2: ([o1, o2], None)
-cls = gpu_checks._fixed_sglang_forward_extend()
-layer = types.SimpleNamespace(scaling=0.5, k_scale_float=2.0, v_scale_float=3.0)
-out = cls(Recorder("ragged"), Recorder("paged")).forward_extend("q", "k", "v", layer, "kv", True)
-report(calls=calls, out=out, sglang="sglang" in sys.modules)
-'''
-    (r,), _ = run_py(code)
-    assert r["sglang"] is False
-    assert r["out"] == ["ragged-o", "paged-o"]
-    assert r["calls"] == [["ragged", 3, {"causal": True, "sm_scale": 0.5}],
-                          ["paged", 2, {"causal": False, "sm_scale": 0.5, "k_scale": 2.0, "v_scale": 3.0}]]
+def test_result_counts_a_mismatch_present_without_flashfix_apart_and_fails_anything_else():
+    # rows as flashfix.tools.gpu_checks reports them (benchmarks/results/verify_h200.json has real ones)
+    (r,), _ = run_py('''
+        from flashfix.tools import verify as _verify
+        import json
+        ok = type("P", (), {"returncode": 0})()
+        mismatch = "engine/FlashInfer mismatch present without flashfix: ..."
+        rows = [{"case": "ragged+paged", "err_pre_fix": 118.0, "err_flashfix": None, "error_flashfix": "TypeError: x",
+                 "mismatch": mismatch},
+                {"case": "as floats", "err_pre_fix": 118.0, "err_flashfix": 0.003},
+                {"case": "control: scales 1.0", "control": True, "bitwise_equal": False, "error_flashfix": "TypeError: x",
+                 "mismatch": mismatch},
+                {"case": "control: no prefix", "control": True, "bitwise_equal": True}]
+        judged = lambda rows: _verify._result("c", "sglang-fp8-kv-scales", ok, "FLASHFIX_RESULT=" + json.dumps(rows), "")
+        with_mismatch = judged(rows)
+        rows[3]["bitwise_equal"] = False
+        control_differs = judged(rows)
+        rows[3]["bitwise_equal"] = True
+        rows.append({"case": "not applied", "error": "the patch is unknown-shape: ..."})
+        not_applied = judged(rows)
+        report(results=[with_mismatch["passed"], len(with_mismatch["mismatches"]), control_differs["passed"],
+                        not_applied["passed"], not_applied["problems"]])
+    ''')
+    assert r["results"] == [True, 2, False, False, ["not applied: the patch is unknown-shape: ..."]]

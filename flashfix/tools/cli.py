@@ -69,6 +69,9 @@ def main(argv=None):
     verify = sub.add_parser("verify", help="on this GPU: check that the fixes are in force and numerically right "
                                            "(exit 0 pass, 1 fail, 3 no GPU, 4 no engine)")
     verify.add_argument("--json", action="store_true", help="print a JSON report on stdout (progress goes to stderr)")
+    verify.add_argument("--path", dest="paths", action="append", default=[], metavar="PATH",
+                        help="also check the engine in PATH (a wheel or source tree, not installed here): its patched "
+                             "module is loaded with stand-ins for the engine modules it imports")
     args = parser.parse_args(argv)
     if args.command in ("doctor", "diff"):
         from flashfix.core import locate as _locate
@@ -91,7 +94,7 @@ def main(argv=None):
     if args.command == "verify":
         from flashfix.tools.verify import run
 
-        return run(as_json=args.json)
+        return run(as_json=args.json, paths=args.paths)
     return 2
 
 

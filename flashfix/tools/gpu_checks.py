@@ -1,26 +1,15 @@
-"""Numeric checks of the FlashInfer paths flashfix changes, on a GPU, against float64 references.
+"""Numeric checks of the FlashInfer paths flashfix changes, run on the engines' own code, on a GPU,
+against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
+functions, never when this module loads.
 
-Used by the benchmark scripts (``benchmarks/gpu_*.py``) and meant for a ``flashfix verify``
-command. Imported on demand only: torch and FlashInfer are imported inside the functions,
-never when this module loads. Nothing here needs vLLM or SGLang: their code paths are driven
-through flashfix's own patch code applied to small stand-ins defined below (a metadata
-builder, ``FlashInferImpl.forward``, ``FlashInferAttnBackend.forward_extend``) that hold the
-engines' pre-fix call statements.
-
-Three checks:
-
-``sink_prefill``     paged prefill of a model with attention sinks: FlashInfer's generic
-                     wrapper given ``sinks=`` (the pre-fix vLLM path, which drops the sinks)
-                     against the path flashfix's vLLM patch takes (its factory hunk makes the
-                     factory build the sink wrapper, its forward hunk dispatches the call).
-``fp8_paged``        SGLang's ragged + paged prefill over an FP8 (e4m3) cache with scales far
-                     from 1, merged by log-sum-exp: the paged read without the scales (pre-fix)
-                     against the call flashfix's SGLang patch produces.
-``sink_sequence``    several sink wrappers built one after another in one process (the JIT
-                     kernel-name collision): run it in a fresh process per sequence.
-
-Errors are relative L2 errors ``|out - ref| / |ref|`` of the whole output, with the reference
-computed in float64 from exactly the values the kernel reads (bf16 inputs, dequantised FP8).
+``sglang_fp8`` and ``vllm_sink`` take the patched function objects of the engine (installed, or
+loaded from a wheel or tree by ``EngineModuleFinder``, the engine modules it imports replaced by
+stand-ins) and the original code flashfix keeps for ``revert``, build only the call's arguments
+(``self``, the layer, the batch or metadata, holding what the function reads), run both on the
+same inputs, count the FlashInfer calls made from the engine's file (``Calls``) and report any
+stand-in the function read (``drive``: it cannot be driven). ``sink_sequence`` builds several
+sink wrappers in one process (the JIT kernel-name collision). Errors are relative L2 errors of
+the whole output against float64 computed from exactly the values the kernel reads.
 """
 
 import itertools
@@ -32,16 +21,12 @@ import types
 
 # Shapes of the checks (the shared notes' measurements use the same).
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 2, 64, 16
-WORKSPACE_BYTES = 128 * 1024 * 1024
 
 # (name, [(new tokens, kv length), ...], window_left)
 SINK_CASES = (
     ("no prefix", [(1, 1), (57, 57), (300, 300)], -1),
-    ("cached prefix", [(20, 500), (128, 1000)], -1),
     ("sliding window 128", [(400, 400), (128, 1000)], 128),
-    ("8 x 2048", [(2048, 2048)] * 8, -1),
 )
-TIMED_CASE = "8 x 2048"
 SINK = "BatchAttentionWithAttentionSinkWrapper"
 
 # (prefix tokens in the FP8 cache, new tokens) per request
@@ -52,28 +37,6 @@ K_SCALE, V_SCALE = 0.05, 0.07
 # --- common -----------------------------------------------------------------------------------
 
 
-def environment():
-    import torch
-
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    try:
-        import flashinfer
-
-        info["flashinfer"] = getattr(flashinfer, "__version__", "?")
-    except Exception as exc:  # reported, the checks will fail on their own
-        info["flashinfer"] = "import failed: %r" % (exc,)
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info["gpu"] = props.name
-        info["capability"] = "%d.%d" % (props.major, props.minor)
-    else:
-        info["gpu"] = None
-    from flashfix import __version__
-
-    info["flashfix"] = __version__
-    return info
-
-
 def rel_l2(out, ref):
     """Relative L2 error in float64; NaN/inf in ``out`` give ``inf``."""
     import torch
@@ -82,12 +45,6 @@ def rel_l2(out, ref):
     if not torch.isfinite(out).all():
         return math.inf
     return float((out - ref).norm() / ref.norm())
-
-
-def nan_fraction(out):
-    import torch
-
-    return float((~torch.isfinite(out.float())).float().mean())
 
 
 def reference(q, k, v, sm_scale, *, causal=True, window_left=-1, sinks=None):
@@ -122,55 +79,36 @@ def reference(q, k, v, sm_scale, *, causal=True, window_left=-1, sinks=None):
     return torch.einsum("hnm,mhd->nhd", weights / denom, v)
 
 
-def time_ms(fn, warmup=3, iters=20):
-    """Median time of ``fn()`` in milliseconds (CUDA events)."""
+def _workspace(device="cuda"):
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def _workspace():
-    import torch
-
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    return torch.empty(128 << 20 if device == "cuda" else 8, dtype=torch.uint8, device=device)
 
 
 class PagedBatch:
     """A batch of requests over a paged cache (NHD, ``(k_cache, v_cache)``), pages shuffled."""
 
     def __init__(self, seqs, *, kv_dtype=None, page_size=PAGE_SIZE, head_dim=HEAD_DIM, seed=0,
-                 k_scale=1.0, v_scale=1.0):
+                 k_scale=1.0, v_scale=1.0, device="cuda"):
         import torch
 
         kv_dtype = kv_dtype or torch.bfloat16
-        gen = torch.Generator(device="cuda").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         self.seqs, self.page_size, self.head_dim = list(seqs), page_size, head_dim
         pages_per = [-(-kv // page_size) for _, kv in self.seqs]
         total_pages = sum(pages_per)
-        order = torch.randperm(total_pages, generator=gen, device="cuda").to(torch.int32)
+        order = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
         shape = (total_pages, page_size, NUM_KV_HEADS, head_dim)
-        true_k = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
-        true_v = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+        true_k = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        true_v = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
         # what the cache holds, and the values a correct read of it yields
         self.k_cache = (true_k / k_scale).to(kv_dtype)
         self.v_cache = (true_v / v_scale).to(kv_dtype)
         self.k_read = self.k_cache.double() * k_scale
         self.v_read = self.v_cache.double() * v_scale
         self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
-                             device="cuda").to(torch.bfloat16)
-        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device="cuda") * 2 + 3).float()
+                             device=device).to(torch.bfloat16)
+        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
         qo, kv_ind, last = [0], [0], []
         for (n, kv), pages in zip(self.seqs, pages_per):
             qo.append(qo[-1] + n)
@@ -199,313 +137,424 @@ class PagedBatch:
                                   window_left=window_left, sinks=self.sinks if sinks else None))
         return torch.cat(outs)
 
-    def plan(self, wrapper, sm_scale, window_left, q_dtype=None, kv_dtype=None):
+    def plan(self, wrapper, sm_scale, window_left):
         """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill."""
         import torch
 
-        wrapper.plan(
-            qo_indptr=self.qo_indptr,
-            paged_kv_indptr=self.kv_indptr,
-            paged_kv_indices=self.kv_indices,
-            paged_kv_last_page_len=self.last_page_len,
-            num_qo_heads=NUM_QO_HEADS,
-            num_kv_heads=NUM_KV_HEADS,
-            head_dim_qk=self.head_dim,
-            page_size=self.page_size,
-            causal=True,
-            sm_scale=sm_scale,
-            window_left=window_left,
-            logits_soft_cap=None,
-            q_data_type=q_dtype or torch.bfloat16,
-            kv_data_type=kv_dtype or self.kv_dtype,
-            o_data_type=torch.bfloat16,
-        )
+        wrapper.plan(qo_indptr=self.qo_indptr, paged_kv_indptr=self.kv_indptr, paged_kv_indices=self.kv_indices,
+                     paged_kv_last_page_len=self.last_page_len, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
+                     head_dim_qk=self.head_dim, page_size=self.page_size, causal=True, sm_scale=sm_scale,
+                     window_left=window_left, logits_soft_cap=None, q_data_type=torch.bfloat16,
+                     kv_data_type=self.kv_dtype, o_data_type=torch.bfloat16)
 
 
-# --- (a) sink-aware prefill: vLLM's pre-fix path against flashfix's --------------------------
+# --- the engine's own code: installed, or loaded from a wheel or tree with stand-in imports ----
 
 
-class _VllmImplStandIn:
-    """The part of vLLM's ``FlashInferImpl`` that the sink-prefill patch rewrites: its
-    ``forward`` holds the pre-fix prefill call statement exactly as vLLM had it."""
+class _StandIn(type):
+    """The type of every stand-in: a class, so an engine class may derive from it; any
+    attribute, call, subscript or ``|`` of it is another stand-in (the same one per name). Each
+    use while ``_reads`` records is noted: the check says which the engine's function read."""
 
-    def __init__(self, scale, sinks):
-        self.scale = scale
-        self.sinks = sinks
+    def __getattr__(cls, name):
+        if name.startswith("__") or not cls.__dict__.get("_stand_in"):
+            raise AttributeError(name)
+        _read(cls, name)
+        return _stand_in("%s.%s" % (cls.__qualname__, name))
 
-    def forward(self, layer, prefill_wrapper, prefill_query, kv_cache_for_fi, out_prefill, kv_cache_sf):
-        prefill_wrapper.run(prefill_query, kv_cache_for_fi, q_scale=layer._q_scale_float, k_scale=layer._k_scale_float, v_scale=layer._v_scale_float, out=out_prefill, kv_cache_sf=kv_cache_sf, sinks=self.sinks)
-        return out_prefill
+    def __call__(cls, *args, **kwargs):
+        if not cls.__dict__.get("_stand_in"):
+            return super().__call__(*args, **kwargs)  # an engine class derived from a stand-in
+        if len(args) == 1 and not kwargs and isinstance(args[0], (types.FunctionType, type)):
+            return args[0]  # a decorator: the function as written (as a disabled debug decorator leaves it)
+        _read(cls, "()")
+        return _stand_in(cls.__qualname__ + "()")
+
+    def __getitem__(cls, other):  # Generic[...] bases, X | None annotations
+        return cls
+
+    __or__ = __ror__ = __getitem__
+
+    def __bool__(cls):
+        _read(cls, "bool")
+        return True
 
 
-def _twin(original):
-    """A copy of the function ``original``, to be patched in its place (the patch ids loaded)."""
+_reads = []  # while a check records: [stand-in use, ...]
+_recording = []
+
+
+def _read(cls, what):
+    if _recording and cls.__dict__.get("_stand_in"):
+        _reads.append("%s %s" % (cls.__qualname__, what))
+
+
+_stand_ins = {}
+
+
+def _stand_in(name):
+    if name not in _stand_ins:
+        _stand_ins[name] = _StandIn(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "_stand_in": True})
+    return _stand_ins[name]
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in(self.__name__ + "." + name)
+
+
+class EngineModuleFinder:
+    """``import`` of ``target`` reads its source from ``reader`` (a wheel or tree,
+    ``locate.open_path``); every other module of the engine's top package is a stand-in module
+    (torch, FlashInfer and the standard library are real). Put after flashfix's finder, so the
+    registry hooks the target's import as it hooks the installed engine's."""
+
+    def __init__(self, reader, target):
+        self.reader, self.target, self.top = reader, target, target.split(".")[0]
+        self.found = reader.find(target)
+        if self.found is None or self.found.text is None:
+            raise ImportError("%s holds no source of %s" % (reader.describe(), target))
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        if name == self.target:
+            return importlib.util.spec_from_file_location(name, self.found.origin, loader=self)
+        if name.split(".")[0] == self.top:
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None if spec.name == self.target else _StandInModule(spec.name)
+
+    def exec_module(self, module):
+        if module.__name__ == self.target:
+            exec(compile(self.found.text, self.found.origin, "exec"), module.__dict__)
+
+    def get_source(self, name):
+        return self.found.text if name == self.target else None
+
+
+def engine_module(patch_id, path=None):
+    """``(module, patch record, engine version)``: the patch's target module as the runtime
+    leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
+    tree, its engine imports stand-ins); the other patches of the engine are disabled."""
+    import importlib
+    import sys
+
+    from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
-    _registry.load_all()  # the patch ids must be known for its run markers
-    twin = types.FunctionType(original.__code__, original.__globals__, original.__name__, original.__defaults__,
-                              original.__closure__)
-    twin.__qualname__ = original.__qualname__
-    return twin
+    patch = next(p for p in _registry.load_all() if p.id == patch_id)
+    others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
+    os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
+    del _registry._config_cache[:]
+    reader = _locate.open_path(os.path.abspath(path)) if path else _locate.reader()  # the module's __file__ is absolute
+    with _locate.reading(reader):
+        (target,) = _registry.targets_of(patch)
+        if path:  # after flashfix's finder, before the installed engine's
+            at = next((i + 1 for i, f in enumerate(sys.meta_path) if getattr(f, "flashfix_finder", False)), 0)
+            sys.meta_path.insert(at, EngineModuleFinder(reader, target))
+        module = importlib.import_module(target)
+    return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
 
 
-def _rewritten_copy(original, edit, patch_id="vllm-sink-prefill"):
-    """A copy of ``original`` with a patch's edit (a declaration's hunk) applied through the
-    registry's rewrite, as the patch does to the engine's own function."""
+def live_and_original(record, qualname):
+    """The engine's function as patched (the live object) and the original code flashfix keeps
+    for ``revert``, as a function of its own."""
+    change = next(c for c in record["changes"] if getattr(c, "func", None) is not None
+                  and c.func.__qualname__ == qualname)
+    f = change.func
+    original = types.FunctionType(change.old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    original.__qualname__, original.__kwdefaults__ = f.__qualname__, f.__kwdefaults__
+    return f, original
+
+
+class Calls:
+    """Counts the FlashInfer wrapper calls made from the engine's file, with their line."""
+
+    def __init__(self, engine_file):
+        self.file, self.log = engine_file, []
+
+    def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
+        import sys
+
+        for name in names:
+            method = getattr(wrapper, name)
+
+            def counted(*args, _m=method, _n=name, **kwargs):
+                caller = sys._getframe(1)
+                if caller.f_code.co_filename == self.file:
+                    self.log.append("%s.%s line %d" % (label, _n, caller.f_lineno))
+                return _m(*args, **kwargs)
+
+            wrapper.__dict__[name] = counted
+        return wrapper
+
+    def take(self):
+        return [self.log.pop(0) for _ in list(self.log)]
+
+
+def drive(func, args, kwargs, calls, allowed=()):
+    """``func(*args, **kwargs)``: ``(output, FlashInfer calls, error)``; stand-in reads other
+    than ``allowed`` (name prefixes) make it an error: the function read what verify cannot build."""
+    del _reads[:]
+    _recording.append(1)
+    try:
+        out, error = func(*args, **kwargs), None
+    except Exception as exc:
+        out, error = None, "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    finally:
+        _recording.pop()
+    unknown = sorted({r for r in _reads if not r.startswith(tuple(allowed))})
+    if unknown and error is None:
+        error = "cannot be driven: read stand-in(s) verify does not build: %s" % ", ".join(unknown)
+    return out, calls.take(), error
+
+
+def _where(func):
+    return "%s:%d" % (func.__code__.co_filename, func.__code__.co_firstlineno)
+
+
+def _same(a, b):
+    import torch
+
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _pair(rows, row, run, original, live, err=None, **kw):
+    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: their
+    errors against float64 (``err(output, case)``) or, for a control, whether they are bitwise
+    equal; the FlashInfer calls and errors of each. Returns the released code's output."""
+    t = time.time()
+    (o1, c1, e1, x1), (o2, c2, e2, x2) = run(original, **kw), run(live, **kw)
+    row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1))
+    if err is None:
+        row.update(control=True, bitwise_equal=_same(o1, o2))
+    else:
+        row.update(err_pre_fix=err(o1, x1), err_flashfix=err(o2, x2))
+    rows.append(row)
+    return o1
+
+
+def _engine(patch_id, path, functions):
+    """``(module, rows, head, [(live, original), ...])`` of a check; ``rows`` says why when the
+    patch is not applied (then nothing can be driven)."""
+    module, record, version = engine_module(patch_id, path)
+    head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
+            "state": record["state"], "reason": record["reason"]}
+    if record["state"] != "applied":
+        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, []
+    pairs = [live_and_original(record, f) for f in functions]
+    head.update(functions=["%s (%s)" % (f, _where(o)) for f, (_, o) in zip(functions, pairs)])
+    return module, [], head, pairs
+
+
+def _revert(patch_id, rows, head, same):
     from flashfix.core import registry as _registry
 
-    twin = _twin(original)
-    _registry.rewrite(twin, edit, patch_id).apply()
-    return twin
-
-
-def _fixed_vllm_forward():
-    """The stand-in ``forward`` with the forward hunk of flashfix's declaration, as the runtime edits it."""
-    from flashfix import vllm_patch
-
-    return _rewritten_copy(_VllmImplStandIn.forward, vllm_patch.SINK_PREFILL.rule.hunks[1].edit)
-
-
-_STAND_IN_BACKEND = "auto"  # the generic wrapper's backend in the stand-in factory (set per check)
-
-
-def _prefix_vllm_factory(self, causal=True):
-    """vLLM's pre-fix ``FlashInferMetadataBuilder._get_prefill_wrapper``, reduced to its two
-    constructions of the generic wrapper (the statements flashfix's factory edit rewrites)."""
-    if causal:
-        if self._prefill_wrapper is None:
-            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
-        return self._prefill_wrapper
-    if self._noncausal_prefill_wrapper is None:
-        self._noncausal_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self._get_workspace_buffer(), get_kv_cache_layout(), backend=_STAND_IN_BACKEND)
-    return self._noncausal_prefill_wrapper
-
-
-# The GPU test that vLLM's pre-fix ``supports_sink`` admits sinks with (SM12x); the stand-in
-# ``current_platform`` below answers it as an SM12x GPU would, on any GPU.
-SINK_GPUS = "current_platform.is_device_capability_family(120)"
-
-
-_fixed_factory = []
-
-
-def _fixed_vllm_factory():
-    """The stand-in factory with the factory hunk of flashfix's declaration (``$GPUS`` as below), made once
-    per process (it reads its classes from the module globals at each call)."""
-    import ast
-    import functools
-
-    from flashfix import vllm_patch
-
-    if not _fixed_factory:
-        edit = functools.partial(vllm_patch.SINK_PREFILL.rule.hunks[0].edit, given={
-            "GPUS": ast.parse(SINK_GPUS, mode="eval").body})
-        _fixed_factory.append(_rewritten_copy(_prefix_vllm_factory, edit))
-    return _fixed_factory[0]
-
-
-def _vllm_stand_ins(backend, window_left, workspace_for, sink_cls=None, generic_cls=None):
-    """(pre-fix ``_get_prefill_wrapper``, flashfix's factory, builder) for a layer group with sinks.
-    The factories' module globals (the wrapper classes, the platform and the layout) are set
-    here: FlashInfer's classes by default, the sink wrapper forced to ``backend``."""
-    import torch
-
-    if sink_cls is None or generic_cls is None:
-        import flashinfer
-
-        sink_cls, generic_cls = flashinfer.BatchAttentionWithAttentionSinkWrapper, flashinfer.BatchPrefillWithPagedKVCacheWrapper
-
-    if backend == "auto":
-        sink_for_module = sink_cls
-    else:  # what an SM12x GPU gets: fa2 (the factory itself always asks for "auto")
-        class sink_for_module(sink_cls):
-            def __init__(self, *args, **kwargs):
-                kwargs["backend"] = backend
-                super().__init__(*args, **kwargs)
-
-    globals().update({
-        SINK: sink_for_module,  # the name part C of the patch adds to vLLM's module
-        "BatchPrefillWithPagedKVCacheWrapper": generic_cls,
-        "current_platform": types.SimpleNamespace(is_device_capability_family=lambda family: family == 120),
-        "get_kv_cache_layout": lambda: "NHD",
-        "_STAND_IN_BACKEND": backend,
-    })
-
-    def builder():
-        return types.SimpleNamespace(
-            has_sinks=True, use_dcp=False, is_kvcache_nvfp4=False, q_data_type_prefill=torch.bfloat16,
-            kv_cache_dtype=torch.bfloat16, head_dim=HEAD_DIM, window_left=window_left, _prefill_wrapper=None,
-            _noncausal_prefill_wrapper=None, _get_workspace_buffer=workspace_for)
-
-    return _prefix_vllm_factory, _fixed_vllm_factory(), builder
-
-
-def sink_prefill(backend="auto", cases=SINK_CASES, timed=TIMED_CASE, seed=0, log=None):
-    """Rows ``{case, backend, wrapper_*, err_prefix_fix, err_flashfix, err_prefix_fix_vs_no_sinks, ...}``."""
-    import torch
-
-    sm_scale = 1.0 / math.sqrt(HEAD_DIM)
-    layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0)
-    fixed_forward = _fixed_vllm_forward()
-    rows = []
-    for case_index, (name, seqs, window_left) in enumerate(cases):
-        t0 = time.time()
-        batch = PagedBatch(seqs, seed=seed + case_index)
-        impl = _VllmImplStandIn(sm_scale, batch.sinks)
-        workspaces = []
-
-        def workspace_for():
-            workspaces.append(_workspace())
-            return workspaces[-1]
-
-        original, factory, make_builder = _vllm_stand_ins(backend, window_left, workspace_for)
-        kv = (batch.k_cache, batch.v_cache)
-        ref = batch.reference(sm_scale, window_left)
-        ref_no_sinks = batch.reference(sm_scale, window_left, sinks=False)
-
-        old_builder = make_builder()
-        old_wrapper = original(old_builder, causal=True)
-        batch.plan(old_wrapper, sm_scale, window_left)
-        out_old = torch.empty_like(batch.q)
-
-        def run_old():
-            _VllmImplStandIn.forward(impl, layer, old_wrapper, batch.q, kv, out_old, None)
-
-        run_old()
-        new_builder = make_builder()
-        new_wrapper = factory(new_builder, causal=True)
-        batch.plan(new_wrapper, sm_scale, window_left)
-        out_new = torch.empty_like(batch.q)
-
-        def run_new():
-            fixed_forward(impl, layer, new_wrapper, batch.q, kv, out_new, None)
-
-        run_new()
-        torch.cuda.synchronize()
-        row = {
-            "case": name, "backend": backend, "window_left": window_left,
-            "seqs": [list(s) for s in seqs],
-            "wrapper_pre_fix": type(old_wrapper).__name__,
-            "wrapper_flashfix": (SINK if isinstance(new_wrapper, globals()[SINK]) else type(new_wrapper).__name__),
-            "kernel_backend_pre_fix": getattr(old_wrapper, "_backend", None),
-            "kernel_backend_flashfix": getattr(new_wrapper, "_backend", None),
-            "err_pre_fix": rel_l2(out_old, ref),
-            "err_flashfix": rel_l2(out_new, ref),
-            "err_pre_fix_vs_no_sinks": rel_l2(out_old, ref_no_sinks),
-            "nan_flashfix": nan_fraction(out_new),
-        }
-        if name == timed:
-            row["ms_pre_fix"] = time_ms(run_old)
-            row["ms_flashfix"] = time_ms(run_new)
-        row["wall_s"] = round(time.time() - t0, 1)
-        rows.append(row)
-        if log:
-            log(row)
-        del old_wrapper, new_wrapper, workspaces[:]
+    _registry.revert(patch_id)
+    rows.append(dict(head, case="revert() restores the original output", control=True, bitwise_equal=same()))
     return rows
 
 
-# --- (b) FP8 paged read with scales on SGLang's ragged + paged prefill ------------------------
+# --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 
 
-class _SglangBackendStandIn:
-    """The part of SGLang's ``FlashInferAttnBackend.forward_extend`` that the FP8 patch
-    rewrites: the paged-only call (which passes the scales) and the ragged + paged split
-    (whose paged ``forward_return_lse`` does not), merged as SGLang merges them."""
-
-    def __init__(self, prefill_wrapper_ragged, prefill_wrapper_paged):
-        self.prefill_wrapper_ragged = prefill_wrapper_ragged
-        self.prefill_wrapper_paged = prefill_wrapper_paged
-
-    def forward_extend(self, q, k, v, layer, kv_cache, use_ragged):
-        prefill_wrapper_paged = self.prefill_wrapper_paged
-        if not use_ragged:
-            return prefill_wrapper_paged.forward(q, kv_cache, causal=True, sm_scale=layer.scaling, k_scale=layer.k_scale_float, v_scale=layer.v_scale_float)
-        o1, s1 = self.prefill_wrapper_ragged.forward_return_lse(q, k, v, causal=True, sm_scale=layer.scaling)
-        o2, s2 = prefill_wrapper_paged.forward_return_lse(q, kv_cache, causal=False, sm_scale=layer.scaling)
-        o, _ = merge_state(o1, s1, o2, s2)
-        return o
-
-
-def _fixed_sglang_forward_extend():
-    """A subclass of the stand-in whose ``forward_extend`` has the FP8 declaration's own edit."""
-    from flashfix import sglang_patch
-
-    patch = sglang_patch.FP8_KV_SCALES
-    twin = _rewritten_copy(_SglangBackendStandIn.forward_extend, patch.rule.hunks[0].edit, patch.id)
-    return type("FlashInferAttnBackendTwin", (_SglangBackendStandIn,), {"forward_extend": twin})
-
-
-def fp8_paged(requests=FP8_REQUESTS, k_scale=K_SCALE, v_scale=V_SCALE, kv_dtype=None, seed=0, log=None):
-    """Rows for the ragged + paged extend over an FP8 cache: pre-fix (no scales) and flashfix."""
+def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_SCALE, V_SCALE), seed=0, fi=None):
+    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
+    scales far from 1: the ragged + paged branch against float64, and the controls that must not
+    change (no prefix, paged-only, scales 1.0); then ``revert()``. ``fi``: a FlashInfer stand-in
+    (CPU tests), else the real one."""
     import torch
-    import flashinfer
-    from flashinfer.cascade import merge_state as fi_merge_state
 
-    kv_dtype = kv_dtype or torch.float8_e4m3fn
-    globals()["merge_state"] = fi_merge_state
-    sm_scale = 1.0 / math.sqrt(HEAD_DIM)
-    t0 = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    # the cached prefix: page size 1 as SGLang's FlashInfer backend uses
-    prefix = PagedBatch([(1, p) for p, _ in requests], kv_dtype=kv_dtype, page_size=1, seed=seed,
-                        k_scale=k_scale, v_scale=v_scale)
-    new_lens = [n for _, n in requests]
-    total_new = sum(new_lens)
-    q = torch.randn(total_new, NUM_QO_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    k_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    v_new = torch.randn(total_new, NUM_KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(new_lens)), dtype=torch.int32)
+    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
+    module, rows, head, pairs = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"])
+    if not pairs:
+        return rows
+    (live, original), = pairs
+    device = "cuda" if fi is None else "cpu"
+    if fi is None:
+        import flashinfer as fi
+    calls = Calls(live.__code__.co_filename)
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    prefix, whole = [p for p, _ in requests], [p + n for p, n in requests]
+    qo = torch.tensor([0] + list(itertools.accumulate(n for _, n in requests)), dtype=torch.int32)
+    for head_dim in head_dims:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        q, k, v = (torch.randn(qo[-1], h, head_dim, generator=gen, device=device).to(bf16)
+                   for h in (NUM_QO_HEADS, NUM_KV_HEADS, NUM_KV_HEADS))
 
-    refs = []
-    for i in range(len(requests)):
-        a, b = int(qo_indptr[i]), int(qo_indptr[i + 1])
-        k_all = torch.cat([prefix.request_kv(i, "k"), k_new[a:b].double()])
-        v_all = torch.cat([prefix.request_kv(i, "v"), v_new[a:b].double()])
-        refs.append(reference(q[a:b], k_all, v_all, sm_scale, causal=True))
-    ref = torch.cat(refs)
+        def run(func, scales=scales, kv_lens=prefix, use_ragged=True, no_prefix=False, floats=False):
+            cache = PagedBatch([(1, n) for n in kv_lens], kv_dtype=fp8, page_size=1, head_dim=head_dim, seed=seed,
+                               k_scale=scales[0], v_scale=scales[1], device=device)
+            ragged = calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="auto"))
+            ragged.plan(qo, qo, NUM_QO_HEADS, NUM_KV_HEADS, head_dim, causal=True, q_data_type=bf16)
+            paged = calls.watch("paged", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+            paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS, head_dim,
+                       1, causal=not use_ragged, q_data_type=bf16, kv_data_type=fp8)
+            pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
+            # self, layer and forward_batch: what forward_extend reads, 0.5.1 to 0.5.17
+            backend = object.__new__(module.FlashInferAttnBackend)
+            backend.__dict__.update(
+                forward_metadata=types.SimpleNamespace(prefill_wrappers=[paged], use_ragged=use_ragged,
+                                                       extend_no_prefix=no_prefix, multi_item_params=None),
+                num_wrappers=1, prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
+                prefill_uses_dequant_workspace=False, is_dllm_model=False)
+            # a checkpoint's KV scales as RadixAttention holds them: 0-dim tensors (what 0.5.1's paged
+            # calls pass) and, from 0.5.2, the floats k_scale_float / v_scale_float that they pass
+            tensors = [s if floats else torch.tensor(s, device=device) for s in scales]
+            layer = types.SimpleNamespace(
+                layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
+                tp_q_head_num=NUM_QO_HEADS, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
+                attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
+                k_scale_float=scales[0], v_scale_float=scales[1])
+            batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
+            # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
+            return drive(func, (backend, q, k, v, layer, batch), {"save_kv_cache": False}, calls,
+                         allowed=[module.AttentionType.__qualname__]) + (cache,)
 
-    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NHD", backend="auto")
-    ragged.plan(qo_indptr, qo_indptr, NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, causal=True,
-                q_data_type=torch.bfloat16)
-    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD", backend="fa2")
-    paged.plan(qo_indptr, prefix.kv_indptr, prefix.kv_indices, prefix.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS,
-               HEAD_DIM, 1, causal=False, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
-    layer = types.SimpleNamespace(scaling=sm_scale, k_scale_float=k_scale, v_scale_float=v_scale)
-    kv_cache = (prefix.k_cache, prefix.v_cache)
+        def err(out, cache):
+            if out is None or device == "cpu":
+                return None
+            ref = [reference(q[qo[i]:qo[i + 1]], torch.cat([cache.request_kv(i, "k"), k[qo[i]:qo[i + 1]].double()]),
+                             torch.cat([cache.request_kv(i, "v"), v[qo[i]:qo[i + 1]].double()]), head_dim ** -0.5)
+                   for i in range(len(requests))]
+            return rel_l2(out, torch.cat(ref).reshape(len(q), -1))
 
-    old = _SglangBackendStandIn(ragged, paged)
-    new = _fixed_sglang_forward_extend()(ragged, paged)
-    out_old = old.forward_extend(q, k_new, v_new, layer, kv_cache, True)
-    out_new = new.forward_extend(q, k_new, v_new, layer, kv_cache, True)
-    torch.cuda.synchronize()
-    row = {
-        "case": "ragged+paged, %s cache, k_scale %g, v_scale %g" % (str(kv_dtype).rsplit(".", 1)[-1], k_scale, v_scale),
-        "requests": [list(r) for r in requests],
-        "err_pre_fix": rel_l2(out_old, ref),
-        "err_flashfix": rel_l2(out_new, ref),
-        "nan_pre_fix": nan_fraction(out_old),
-        "ms_pre_fix": time_ms(lambda: old.forward_extend(q, k_new, v_new, layer, kv_cache, True)),
-        "ms_flashfix": time_ms(lambda: new.forward_extend(q, k_new, v_new, layer, kv_cache, True)),
-        "kernel_backend_ragged": getattr(ragged, "_backend", None),
-        "kernel_backend_paged": getattr(paged, "_backend", None),
-    }
-    row["wall_s"] = round(time.time() - t0, 1)
-    if log:
-        log(row)
-    return [row]
+        base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
+        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err)
+        main = rows[-1]
+        if main["error_flashfix"] and not main["error_pre_fix"]:
+            # does the engine's own paged-only call, which flashfix leaves alone, fail the same way?
+            same = run(original, kv_lens=whole, use_ragged=False)[2]
+            if same and same.split(":")[0] == main["error_flashfix"].split(":")[0]:
+                main["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
+                                    "forward, unpatched, fails the same way (%s)" % same)
+                _pair(rows, dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale as floats"), run, original,
+                      live, err, floats=True)
+        for name, kw in (("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
+                         ("scales 1.0", dict(scales=(1.0, 1.0)))):
+            _pair(rows, dict(base, case="control: " + name), run, original, live, **kw)
+            if main.get("mismatch") and (rows[-1]["error_flashfix"] or rows[-1]["error_pre_fix"] or "").split(":")[0] \
+                    == same.split(":")[0]:
+                rows[-1]["mismatch"] = main["mismatch"]
+    return _revert("sglang-fp8-kv-scales", rows, head, lambda: _same(run(live)[0], released))
+
+
+# --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
+
+
+def _provided(module):
+    """Module globals the check sets while it runs (restored after): the GPU vLLM's gates ask
+    about (answered per run), and where the module was loaded with stand-in imports, the helpers
+    the functions call, as vLLM defines them for the check's bf16 NHD cache (docs/gpu.md)."""
+    import torch
+
+    values = {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}
+    stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
+                     "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
+                     "FP8_DTYPE": torch.float8_e4m3fn, "get_flashinfer_layout_string": lambda layout: "NHD"}
+    values.update({k: v for k, v in stand_in_only.items() if isinstance(module.__dict__.get(k), _StandIn)})
+    return {k: v for k, v in values.items() if k in module.__dict__}
+
+
+def _forcing_fa2(classes):
+    """Construct FlashInfer's wrappers with ``backend="fa2"`` (what SM12x runs) while the check runs."""
+    saved = [(c, c.__dict__["__init__"]) for c in classes if "__init__" in c.__dict__]
+    for cls, init in saved:
+        def forced(self, *args, _init=init, **kwargs):
+            _init(self, *args, **dict(kwargs, backend="fa2"))
+        cls.__init__ = forced
+    return saved
+
+
+def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=None):
+    """vLLM's own prefill-wrapper factory and ``FlashInferImpl.forward`` (patched, and as
+    released) on a paged prefill of a model with attention sinks, against float64; controls:
+    no sinks, and a GPU the build serves no sinks on; then ``revert()``."""
+    import torch
+
+    module, rows, head, pairs = _engine("vllm-sink-prefill", path, [
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"])
+    if not pairs:
+        return rows
+    (factory, factory_0), (forward, forward_0) = pairs
+    device = "cuda" if fi is None else "cpu"
+    if fi is None:
+        import flashinfer as fi
+    provided = _provided(module)
+    saved = {k: module.__dict__[k] for k in provided}
+    module.__dict__.update(provided)
+    forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
+    calls = Calls(forward.__code__.co_filename)
+    if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
+        layout, order = None, module.FlashInferBackend.get_kv_cache_stride_order()
+    else:  # from 0.29 the builder and impl read their cache config's resolved layout
+        layout = (types.SimpleNamespace(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
+            module.KVCacheLayout, _StandIn) else module.KVCacheLayout.LBNHC)
+        order = layout.layer_view_order
+    common = dict(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout), window_left=None,
+                  is_kvcache_nvfp4=False, nvfp4_fa2=False, nvfp4_trtllm=False)
+    bf16, sm_scale = torch.bfloat16, HEAD_DIM ** -0.5
+    try:
+        for name, seqs, window_left in [c for c in SINK_CASES if c[0] in cases]:
+            batch = PagedBatch(seqs, seed=seed, device=device)
+            common["window_left"] = window_left
+            # the cache as vLLM lays it out for NHD, [blocks, tokens, heads, K|V], handed to forward as
+            # the view that forward's stride order turns back into it
+            memory = torch.cat([batch.k_cache, batch.v_cache], dim=-1)
+            kv_cache = memory.permute(*sorted(range(len(order)), key=order.__getitem__))
+
+            def run(patched, has_sinks=True, sm12x=True):
+                make, fwd = (factory, forward) if patched else (factory_0, forward_0)
+                cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
+                module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
+                module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
+                builder = object.__new__(module.FlashInferMetadataBuilder)
+                builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
+                                        kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
+                                        _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
+                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
+                if error:
+                    return None, [], error, None
+                calls.watch("prefill", wrapper, names=("run",))
+                batch.plan(wrapper, sm_scale, window_left)
+                impl = object.__new__(module.FlashInferImpl)
+                impl.__dict__.update(common, num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
+                                     scale=sm_scale, sinks=batch.sinks, kv_cache_dtype="auto", logits_soft_cap=None,
+                                     dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
+                                     _nvfp4_fp8_out=None)
+                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0,
+                                              _q_scale=torch.tensor(1.0), _o_scale_float=None)
+                n = len(batch.q)
+                metadata = types.SimpleNamespace(
+                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
+                    num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
+                    q_data_type_prefill=bf16, q_data_type_decode=bf16, prefill=module.FIPrefill(wrapper=wrapper),
+                    decode=None)
+                output = torch.empty_like(batch.q)
+                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {},
+                                       calls)
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error, None
+
+            def err(out, _):
+                return None if out is None or device == "cpu" else rel_l2(out, batch.reference(sm_scale, window_left))
+
+            base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
+            released = _pair(rows, dict(base, case="sink prefill, " + name), run, False, True, err)
+            for label, kw in (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))):
+                _pair(rows, dict(base, case="control: %s, %s" % (label, name)), run, False, True, **kw)
+        return _revert("vllm-sink-prefill", rows, head, lambda: _same(run(True)[0], released))
+    finally:
+        module.__dict__.update(saved)
+        for cls, init in forced:
+            cls.__init__ = init
 
 
 # --- (c) sink wrappers of different configurations in one process -----------------------------
-
-
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000)), seed=0, log=None):
@@ -516,7 +565,8 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     import flashinfer
 
     dtypes = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-    caught = _Warnings()
+    caught, messages = logging.Handler(logging.WARNING), []
+    caught.emit = lambda record: messages.append(record.getMessage())
     logging.getLogger("flashfix").addHandler(caught)
     rows = []
     for index, (kv_name, head_dim) in enumerate(configs):
@@ -532,56 +582,13 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
         out = wrapper.run(batch.q, (batch.k_cache, batch.v_cache), batch.sinks, sm_scale)
         torch.cuda.synchronize()
         row = {"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
-               "err": rel_l2(out, batch.reference(sm_scale)), "nan": nan_fraction(out),
+               "err": rel_l2(out, batch.reference(sm_scale)), "nan": float((~torch.isfinite(out.float())).float().mean()),
                "build_s": round(build_s, 1)}
         rows.append(row)
         if log:
             log(row)
     logging.getLogger("flashfix").removeHandler(caught)
-    return {"rows": rows, "flashfix_warnings": caught.messages}
+    return {"rows": rows, "flashfix_warnings": messages}
 
 
-def sink_patch_state():
-    """flashfix's state of the JIT-name patch in this process."""
-    try:
-        from flashfix.core import registry as _registry
-
-        for row in _registry.status():
-            if row["id"] == "flashinfer-sink-jit-name":
-                return row["state"]
-    except Exception as exc:
-        return "status failed: %r" % (exc,)
-    return "absent"
-
-
-def markdown(rows, columns):
-    """A markdown table of ``rows`` (dicts) with ``columns`` [(header, key or callable)]."""
-
-    def cell(row, key):
-        value = key(row) if callable(key) else row.get(key, "")
-        if isinstance(value, float):
-            if math.isinf(value):
-                return "inf (NaN)"
-            return "%.4g" % value
-        return str(value)
-
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(cell(row, k) for _, k in columns) + " |")
-    return "\n".join(lines)
-
-
-def write_json(name, payload):
-    """Write ``payload`` to ``$OUT/<name>`` when OUT is set; returns the path or None."""
-    import json
-
-    out = os.environ.get("OUT")
-    if not out:
-        return None
-    path = os.path.join(out, name)
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=1, default=repr)
-    return path
-
-
-__all__ = ["environment", "sink_prefill", "fp8_paged", "sink_sequence", "reference", "rel_l2", "markdown"]
+__all__ = ["sglang_fp8", "vllm_sink", "sink_sequence", "reference", "rel_l2", "engine_module"]

@@ -5,19 +5,13 @@ Meant for an image pipeline, on the target GPU, before traffic reaches it:
 1. the doctor's verdict per patch (no engine imported);
 2. the runtime state per patch after importing the engines' target modules in a child
    process, exactly as ``import flashfix`` in a server would leave them;
-3. numeric checks on the GPU, each in its own child process (run side by side, since
-   FlashInfer JIT-compiles about a minute per kernel variant on first use), through
-   flashfix's own patch code with the installed FlashInfer, against float64 references,
-   next to the unpatched call to show the bug it guards against:
-   - ``vllm-sink-prefill``: paged prefill with attention sinks, without and with a sliding
-     window, on ``fa2`` (the backend SM12x runs); the factory sees device capability family
-     120 (faked when this GPU is not SM12x, and the output says so);
-   - ``sglang-fp8-kv-scales``: SGLang's ragged + paged prefill over an FP8 e4m3 cache with
-     k/v scales far from 1, merged by log-sum-exp;
-   - ``flashinfer-sink-jit-name``: a bf16-KV then an FP8-KV sink wrapper in one process.
-
-Nothing in this process is patched: the checks drive flashfix's patch code on stand-ins in
-child processes, so the engines here stay as ``import flashfix`` leaves them.
+3. for every patch that changes numbers and applies (to the installed engine, or to an engine
+   given with ``--path``, a wheel or tree loaded with stand-ins for the engine modules it
+   imports), a check in its own child process (side by side: FlashInfer JIT-compiles about a
+   minute per kernel variant) that runs the engine's own patched functions and the code kept for
+   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``: FP8 ragged +
+   paged ``forward_extend``; sink prefill through vLLM's factory and ``forward``, fa2, SM12x
+   capability faked), and the sink-wrapper JIT-name sequence.
 
 Exit status: 0 everything that applies passed; 1 a check failed or a patch that should
 apply is not in force; 3 no usable GPU; 4 no engine (vLLM, SGLang or FlashInfer) to check.
@@ -27,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 from flashfix.tools import doctor as _doctor
@@ -36,16 +29,15 @@ EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
 
 THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashinfer-sink-jit-name": 0.005}
 
-# name -> (patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks).
-# The vLLM patch acts on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so
-# it measures the kernels SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick
-# fa3, whose sliding-window kernels take over 8 minutes to JIT-compile).
+# (name, patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks and
+# ``path`` = the engine's wheel or tree, or None for the installed engine). The vLLM patch acts
+# on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so it measures the kernels
+# SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick fa3, whose sliding-window
+# kernels take over 8 minutes to JIT-compile).
 CHECKS = (
-    ("sink-prefill fa2", "vllm-sink-prefill",
-     "g.sink_prefill(backend='fa2', cases=[c for c in g.SINK_CASES if c[0] == 'no prefix'], timed=None)"),
-    ("sink-prefill fa2 window", "vllm-sink-prefill",
-     "g.sink_prefill(backend='fa2', cases=[c for c in g.SINK_CASES if c[0] == 'sliding window 128'], timed=None)"),
-    ("fp8-paged", "sglang-fp8-kv-scales", "g.fp8_paged()"),
+    ("sink-prefill fa2", "vllm-sink-prefill", "g.vllm_sink(path, cases=('no prefix',))"),
+    ("sink-prefill fa2 window", "vllm-sink-prefill", "g.vllm_sink(path, cases=('sliding window 128',))"),
+    ("fp8-paged", "sglang-fp8-kv-scales", "g.sglang_fp8(path)"),
     ("sink-jit-name", "flashinfer-sink-jit-name", "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
 )
 
@@ -91,9 +83,6 @@ for patch in _registry.load_all():
 print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
 """
 
-EXPECTED = {"patch": "applied", "fixed-upstream": "fixed-upstream", "not-affected": "not-affected",
-            "disabled": "disabled", "not-installed": "not-installed", "unknown-shape": "unknown-shape"}
-
 
 def _child(code):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -113,72 +102,89 @@ def _say(message, as_json):
     print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
-def _run_checks(names, as_json, start):
-    """Run the numeric checks side by side in child processes, with progress lines."""
+def _run_checks(wanted, as_json, start):
+    """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
+    engine's wheel or tree, None for the installed engine) side by side in child processes, with
+    progress lines."""
+    import tempfile
+
     procs = {}
-    for name, patch_id, expr in CHECKS:
-        if patch_id not in names:
-            continue
-        code = ("import json; from flashfix.tools import gpu_checks as g\n"
-                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % expr)
-        env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))
-        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                                  stderr=subprocess.PIPE, text=True, env=env))
-    if not procs:
-        return []
-    _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
-         "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
-    outputs = {}
-    results = []
-
-    def collect(name, proc):
-        outputs[name] = proc.communicate()
-
-    threads = {n: threading.Thread(target=collect, args=(n, p), daemon=True) for n, (_, p) in procs.items()}
-    for thread in threads.values():
-        thread.start()
-    last_tick = time.time()
-    while len(results) < len(procs):
+    for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
+        name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
+        code = ("import json; from flashfix.tools import gpu_checks as g; path = %r\n"
+                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, expr))
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
+                                                  env=dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))), out, err)
+    if procs:
+        _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
+             "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
+    results, tick = [], time.time()
+    while procs:
         time.sleep(0.5)
-        for name, thread in threads.items():
-            if not thread.is_alive() and name in outputs and name not in [r["check"] for r in results]:
-                result = _result(name, procs[name][0], procs[name][1], *outputs[name])
-                _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(result)), as_json)
-                results.append(result)
-        if time.time() - last_tick >= 15 and len(results) < len(procs):
-            last_tick = time.time()
-            done = {r["check"] for r in results}
-            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(n for n in procs if n not in done)), as_json)
+        for name, (patch_id, proc, out, err) in list(procs.items()):
+            if proc.poll() is not None:
+                del procs[name]
+                results.append(_result(name, patch_id, proc, *[f.seek(0) or f.read() for f in (out, err)]))
+                _say("[%5.0fs] %s: %s" % (time.time() - start, name, _summary(results[-1])), as_json)
+        if procs and time.time() - tick >= 15:
+            tick = time.time()
+            _say("[%5.0fs] still running: %s" % (time.time() - start, ", ".join(procs)), as_json)
     return results
 
 
 def _result(name, patch_id, proc, out, err):
+    """A check passes when every measured row is within the threshold, every control is bitwise
+    equal, and no row failed; a row whose failure the unpatched engine shares is a mismatch."""
     rows = _last_json(out, "FLASHFIX_RESULT=")
     threshold = THRESHOLDS[patch_id]
     if proc.returncode != 0 or rows is None:
         return {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
                 "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
-    errs = [r.get("err_flashfix", r.get("err")) for r in rows]
-    pre_fix = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
-    return {"check": name, "patch": patch_id, "threshold": threshold,
-            "passed": all(e is not None and e <= threshold for e in errs),
-            "max_err_flashfix": max(errs), "max_err_pre_fix": max(pre_fix) if pre_fix else None, "rows": rows}
+    problems = []
+    for r in rows:
+        if r.get("mismatch"):
+            continue
+        e = r.get("err_flashfix", r.get("err"))
+        if r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix"):
+            problems.append("%s: %s" % (r.get("case"), r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix")))
+        elif r.get("control") and not r.get("bitwise_equal"):
+            problems.append("%s: not bitwise equal" % r["case"])
+        elif not r.get("control") and (e is None or e > threshold):
+            problems.append("%s: error %s" % (r.get("case", r.get("step")), e))
+    errs = [r.get("err_flashfix", r.get("err")) for r in rows if not r.get("control")]
+    pre = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
+    return {"check": name, "patch": patch_id, "threshold": threshold, "passed": not problems, "problems": problems,
+            "mismatches": [r["mismatch"] for r in rows if r.get("mismatch")],
+            "max_err_flashfix": max([e for e in errs if e is not None], default=None),
+            "max_err_pre_fix": max(pre) if pre else None, "rows": rows}
 
 
 def _summary(result):
     if "error" in result:
         return "FAIL, " + result["error"].splitlines()[-1] if result["error"] else "FAIL"
-    text = "%s, max relative error with flashfix %.4g (threshold %g)" % (
-        "pass" if result["passed"] else "FAIL", result["max_err_flashfix"], result["threshold"])
+    text = "%s, max relative error with flashfix %s (threshold %g)" % (
+        "pass" if result["passed"] else "FAIL", "%.4g" % result["max_err_flashfix"] if result["max_err_flashfix"]
+        is not None else "-", result["threshold"])
     if result.get("max_err_pre_fix") is not None:
         text += ", without the fix %.4g" % result["max_err_pre_fix"]
-    return text
+    return text + "".join("; " + p for p in result["problems"] + result["mismatches"])
 
 
-def run(as_json=False):
+def run(as_json=False, paths=()):
+    """``paths``: engines' wheels or trees to check, loaded with stand-ins for their other modules."""
+    from flashfix.core import locate as _locate
+
     start = time.time()
     rows, _ = _doctor.diagnose()
-    installed = [r for r in rows if r["verdict"] != "not-installed"]
+    wanted = {(r["id"], None) for r in rows if r["verdict"] == "patch"}
+    for path in paths:
+        found = [r for r in _doctor.diagnose(_locate.open_path(path))[0] if r["verdict"] != "not-installed"]
+        wanted |= {(r["id"], path) for r in found if r["verdict"] == "patch"}
+        for r in found:
+            _say("[%5.0fs] %s: %-26s %s %s, doctor: %s" % (time.time() - start, path, r["id"], r["engine"],
+                                                           r["engine_version"], r["verdict"]), as_json)
+    installed = [r for r in rows if r["verdict"] != "not-installed"] + list(paths)
     if not installed:
         _say("flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
              "environment (%s)." % sys.executable, as_json)
@@ -204,7 +210,7 @@ def run(as_json=False):
     report = []
     for row in rows:
         state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
-        expected = EXPECTED[row["verdict"]]
+        expected = "applied" if row["verdict"] == "patch" else row["verdict"]
         in_force = state == expected or (row["verdict"] == "not-installed")
         if not in_force:
             failures.append("%s: doctor said %s but runtime state is %s" % (row["id"], row["verdict"], state))
@@ -216,7 +222,7 @@ def run(as_json=False):
     if gpu["flashinfer"] is None:
         failures.append("FlashInfer cannot be imported: no numeric check can run")
     else:
-        checks = _run_checks({pid for _, pid, _ in CHECKS}, as_json, start)
+        checks = _run_checks({w for w in wanted if w[0] in THRESHOLDS}, as_json, start)
         failures += ["%s: %s" % (c["check"], _summary(c)) for c in checks if not c["passed"]]
     code = EXIT_FAILED if failures else EXIT_OK
     _say("flashfix verify: %s in %.0f s%s" % ("FAILED" if failures else "all checks passed", time.time() - start,

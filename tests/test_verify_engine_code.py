@@ -1,0 +1,218 @@
+"""`flashfix verify`'s engine checks, on the CPU: the engines' own functions (loaded from their
+wheels with stand-in imports, or installed) are driven with a FlashInfer stand-in that records every
+wrapper call and its arguments (tests/fake_flashinfer.py), so a release whose function reads
+something verify does not build fails here, not on a GPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engine_env
+from conftest import REPO
+
+WHEELS = Path(os.environ.get("FLASHFIX_WHEEL_CACHE", Path.home() / ".cache" / "flashfix-wheels"))
+
+CODE = '''
+import json, os, sys
+sys.path.insert(0, %(tests)r)
+import fake_flashinfer
+fi = fake_flashinfer.install(into_sys_modules=%(path)r is not None)
+from flashfix.tools import gpu_checks as g
+if %(path)r is None:  # the installed engine on a CPU (no FlashInfer import there): the merge is the fake's
+    import importlib
+    m = importlib.import_module(%(target)r)
+    m.merge_state = m._safe_merge_state = fi.cascade.merge_state
+rows = g.%(check)s(path=%(path)r, fi=fi)
+print("FLASHFIX_RESULT=" + json.dumps({"rows": rows, "log": fake_flashinfer.LOG}, default=repr))
+'''
+
+
+def wheel(spec):
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    name, version = spec.split("==")
+    found = sorted(WHEELS.glob("%s-%s-*.whl" % (name, version)))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", spec, "-d", str(WHEELS)], check=True)
+        found = sorted(WHEELS.glob("%s-%s-*.whl" % (name, version)))
+    return str(found[0])
+
+
+def drive(requirement, check, path, target=None):
+    code = CODE % {"tests": str(REPO / "tests"), "check": check, "path": path, "target": target}
+    ((result,),) = [engine_env.run(requirement, code,
+                                   env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    return result["rows"], result["log"]
+
+
+@pytest.mark.parametrize("release", ["sglang==0.5.1", "sglang==0.5.16", None])
+def test_sglang_forward_extend_is_driven_and_the_fix_passes_the_scales(release):
+    path = wheel(release) if release else None  # None: the installed 0.5.17
+    if release == "sglang==0.5.1":
+        path = os.path.relpath(path)  # as an operator may give it (the module's __file__ is absolute)
+    rows, log = drive("sglang==0.5.17", "sglang_fp8", path, "sglang.srt.layers.attention.flashinfer_backend")
+    main = [r for r in rows if r["case"] == "ragged+paged, FP8 e4m3"]
+    assert len(main) == 2 and all(r["error_pre_fix"] is None and r["error_flashfix"] is None for r in main), [
+        (r["error_pre_fix"], r["error_flashfix"]) for r in main]
+    for r in main:  # the branch ran: one ragged and one paged forward_return_lse from the engine's file
+        assert [c.split(" line")[0] for c in r["calls_flashfix"]] == ["ragged.forward_return_lse", "paged.forward_return_lse"]
+    paged = [entry for entry in log if entry[1] == "forward_return_lse" and "causal" in entry[3] and not entry[3]["causal"]]
+    scales = [(e[3].get("k_scale"), e[3].get("v_scale")) for e in paged]
+    assert scales[0] == (None, None)  # as released: the scales are dropped
+    expected = ("tensor[] float32", "tensor[] float32") if release == "sglang==0.5.1" else (0.05, 0.07)
+    assert scales[1] == expected  # patched: 0.5.1's layer.k_scale, later layer.k_scale_float
+    controls = [r for r in rows if r.get("control")]
+    assert controls and all(r["bitwise_equal"] and not r.get("error_flashfix") for r in controls), controls
+
+
+def test_vllm_factory_and_forward_are_driven_on_the_derived_pre_fix_shape(tmp_path):
+    site = Path(engine_env.env_python("vllm==0.28.0")).parents[1]
+    fixed = next(site.glob("lib/python*/site-packages/vllm/v1/attention/backends/flashinfer.py"))
+    meta = next(site.glob("lib/python*/site-packages/vllm-0.28.0.dist-info/METADATA"))
+    sys.path.insert(0, str(REPO / "tests"))
+    import vllm_prefix_shape
+
+    target = tmp_path / "vllm" / "v1" / "attention" / "backends"
+    target.mkdir(parents=True)
+    (target / "flashinfer.py").write_text(vllm_prefix_shape.derive_prefix_source(fixed.read_text()))
+    (tmp_path / "vllm-0.28.0.dist-info").mkdir()
+    (tmp_path / "vllm-0.28.0.dist-info" / "METADATA").write_text(meta.read_text())
+    rows, log = drive("vllm==0.28.0", "vllm_sink", str(tmp_path))
+    sinks = [r for r in rows if r["case"].startswith("sink prefill")]
+    assert len(sinks) == 2 and all(r["calls_pre_fix"][0] == "built BatchPrefillWithPagedKVCacheWrapper"
+                                   and r["calls_flashfix"][0] == "built BatchAttentionWithAttentionSinkWrapper"
+                                   and not r["error_flashfix"] and len(r["calls_flashfix"]) == 2 for r in sinks), sinks
+    runs = [e for e in log if e[1] == "run"]
+    sink_runs = [e for e in runs if e[0] == "BatchAttentionWithAttentionSinkWrapper"]
+    assert sink_runs and all(e[2][1] == "tensor[16] float32" and "sinks" not in e[3] for e in sink_runs)
+    assert all(r["bitwise_equal"] for r in rows if r.get("control"))
+
+
+SWEEP = '''
+import json, os, sys
+sys.path.insert(0, %(tests)r)
+import fake_flashinfer
+fi = fake_flashinfer.install()
+from flashfix.tools import gpu_checks as g
+from flashfix.core import registry as _registry
+out = {}
+for version, tree in %(trees)r:
+    for name in [m for m in sys.modules if m.split(".")[0] == %(top)r]:
+        del sys.modules[name]  # the last release's modules: this one is imported afresh
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, g.EngineModuleFinder)]
+    _registry._records[%(patch)r].update(state="waiting", changes=[], decided=None, engine_version=None)
+    del fake_flashinfer.LOG[:]
+    rows = g.%(check)s(path=tree, fi=fi, **%(kwargs)r)
+    out[version] = {"rows": rows, "log": list(fake_flashinfer.LOG)}
+print("FLASHFIX_RESULT=" + json.dumps(out, default=repr))
+'''
+
+
+def release_trees(dist, target, since, below):
+    """``[(version, tree)]`` of every final release of ``dist`` from ``since`` below ``below``: a
+    small tree holding the release's ``target`` module and METADATA, read from its wheel on PyPI
+    with range requests (scripts/sweep_releases.py) and cached."""
+    from packaging.version import Version
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sweep_releases as sweep
+    from flashfix.core import locate
+
+    url, data = sweep.index_json(dist)
+    trees = []
+    for version, found, _ in sweep.releases(dist, data, url, since=since):
+        if Version(version) >= Version(below) or found is None:
+            continue
+        tree = WHEELS / "trees" / ("%s-%s" % (dist, version))
+        if not (tree / "complete").exists():
+            archive, _ = sweep.open_wheel(found["url"])
+            reader = locate.ZipReader(archive, found["filename"])
+            module = tree / (target.replace(".", "/") + ".py")
+            module.parent.mkdir(parents=True, exist_ok=True)
+            module.write_text(reader.find(target).text)
+            member = reader._metadata_member(dist)[0]
+            meta = tree / member
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_bytes(reader._read_member(member))
+            (tree / "complete").write_text("")
+        trees.append((version, str(tree)))
+    return trees
+
+
+def test_sglang_every_release_in_range_in_one_process():
+    """Every final release from 0.5.1 to 0.5.17 (the patch's range below its fix): forward_extend
+    is driven to the ragged + paged branch, the unpatched paged call drops the scales and the
+    patched one passes the release's own scale expressions; the controls are bitwise equal."""
+    from flashfix import sglang_patch
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", sglang_patch.FIXED_IN)
+    assert len(trees) >= 30, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": "sglang-fp8-kv-scales",
+                    "check": "sglang_fp8", "kwargs": {"head_dims": (64,)}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        main = [r for r in rows if r["case"] == "ragged+paged, FP8 e4m3"]
+        paged = [e[3] for e in log if e[1] == "forward_return_lse" and e[3].get("causal") is False]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        if not main or r"paged.forward_return_lse" not in " ".join(main[0]["calls_flashfix"]):
+            problems.append("the ragged + paged branch did not run: %s" % (main and main[0]["calls_flashfix"]))
+        elif paged[0].get("k_scale") is not None or paged[1].get("k_scale") is None:
+            problems.append("scales: as released %s, patched %s" % (paged[0].get("k_scale"), paged[1].get("k_scale")))
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def derived_vllm_trees(tmp_path):
+    """``[(version, tree)]``: the pre-fix shape of each installed fixed vLLM release in the engine
+    environments (tests/vllm_prefix_shape.py derives it), with the release's METADATA."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import vllm_prefix_shape
+
+    trees = []
+    for requirement in [r for r in engine_env.RELEASES if r.startswith("vllm==") and r >= "vllm==0.28.0"]:
+        version = requirement.split("==")[1]
+        site = next(Path(engine_env.env_python(requirement)).parents[1].glob("lib/python*/site-packages"))
+        tree = tmp_path / ("vllm-" + version)
+        module = tree / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py"
+        module.parent.mkdir(parents=True)
+        module.write_text(vllm_prefix_shape.derive_prefix_source(
+            (site / "vllm" / "v1" / "attention" / "backends" / "flashinfer.py").read_text()))
+        (tree / ("vllm-%s.dist-info" % version)).mkdir()
+        (tree / ("vllm-%s.dist-info" % version) / "METADATA").write_text(
+            (site / ("vllm-%s.dist-info" % version) / "METADATA").read_text())
+        trees.append((version, str(tree)))
+    return trees
+
+
+def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
+    trees = derived_vllm_trees(tmp_path)
+    assert len(trees) >= 4, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "vllm", "patch": "vllm-sink-prefill",
+                    "check": "vllm_sink", "kwargs": {}}
+    ((out,),) = [engine_env.run("vllm==0.28.0", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        sinks = [r for r in rows if r["case"].startswith("sink prefill")]
+        if [r["calls_flashfix"][0] for r in sinks] != ["built " + SINK_CLASS] * 2 or any(
+                [c.split(" line")[0] for c in r["calls_flashfix"][1:]] != ["prefill.run"] for r in sinks):
+            problems.append("the sink branch did not run: %s" % [r["calls_flashfix"] for r in sinks])
+        sink_runs = [e for e in log if e[0] == SINK_CLASS and e[1] == "run"]
+        if not sink_runs or any(e[2][1] != "tensor[16] float32" or "sinks" in e[3] for e in sink_runs):
+            problems.append("the sink wrapper's run did not get the sinks positionally: %s" % sink_runs)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+SINK_CLASS = "BatchAttentionWithAttentionSinkWrapper"
