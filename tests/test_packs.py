@@ -138,14 +138,14 @@ def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site
     (result,) = results
     assert result["rows"]["ffx-other"] == "disabled" and result["other"] == "patched other", result  # flashfix's own fake
     assert "unknown patch id" not in proc.stderr, proc.stderr
-    # doctor --path: the packs installed in the folder read are found there and judged here
+    # doctor --path --run-packs: the packs installed in the folder read are found there and judged here
     results, proc = run_py('''
         import io, contextlib, json, sys
         use_fake()
         from flashfix.tools import cli as _cli
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = _cli.main(["doctor", "--json", "--path", %r, "--path", %r])
+            code = _cli.main(["doctor", "--json", "--run-packs", "--path", %r, "--path", %r])
         report(code=code, rows={r["id"]: r["verdict"] for r in json.loads(out.getvalue())})
     ''' % (str(site), str(fake_packs)), site=site, check=False)  # flashfix's own (fake) module importable here
     (result,) = results
@@ -153,6 +153,40 @@ def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site
     assert rows == {"fake-compute": "patch", "ffx-other": "patch"}, (result, proc.stderr)
     for line in LINES.values():
         assert line in proc.stderr, proc.stderr
+
+
+WRITER = '''
+import os
+open(os.environ["FFX_WRITER_PROOF"], "w").write("this pack ran")
+PATCHES = ()
+'''
+
+
+def test_reading_a_wheel_never_runs_its_pack(tmp_path):
+    """Before: `doctor --path pack.whl` imported the wheel's `flashfix.patches` module (which wrote a
+    file). Now packs of an environment read are named and not run, unless --run-packs is given."""
+    project = make_project(tmp_path, "ffx-writer", "ffx_writer", WRITER, entry="vllm")
+    subprocess.run([uv(), "build", "-q", "--wheel", "-o", str(tmp_path / "dist"), str(project)], check=True)
+    (wheel,) = (tmp_path / "dist").glob("ffx_writer-*.whl")
+    proof = tmp_path / "proof"
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}, PYTHONPATH=str(REPO),
+               FFX_WRITER_PROOF=str(proof))
+    line = ("pack ffx-writer (entry point vllm = ffx_writer) skipped, none of its patches is loaded: not run: reading "
+            "an environment never executes its code (--run-packs imports the pack here, executing it, to judge its "
+            "patches)")
+    for command in (["doctor"], ["doctor", "--strict"], ["diff"]):
+        proc = subprocess.run([sys.executable, "-m", "flashfix", *command, "--path", str(wheel)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert not proof.exists(), (command, proc.stderr)
+        assert line in proc.stderr, (command, proc.stderr)
+        assert proc.returncode == (1 if "--strict" in command else 0), (command, proc.stderr)
+    proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--run-packs", "--path", str(wheel)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proof.read_text() == "this pack ran", proc.stderr
+    assert "ffx-writer" not in proc.stderr, proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--help"], capture_output=True, text=True,
+                               env=env).stdout
+    assert "EXECUTING their code" in " ".join(help_text.split())
 
 
 # --- the README example, as an installed distribution next to real vLLM releases ------------------
@@ -258,7 +292,8 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
     for label, args in (("0.28.0 --python", ["--python", str(venv28)]), ("0.29.0 --python", ["--python", str(venv29)]),
                         ("0.29.0 --path", ["--path", str(both), "--path", str(next(
                             engine_env.env_python("vllm==0.29.0").parent.parent.glob("lib/python*/site-packages")))])):
-        proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--json"] + args, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--json", "--run-packs"] + args,
+                              capture_output=True,
                               text=True, env=dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
                                                   PYTHONPATH=str(REPO)), timeout=300)
         assert proc.returncode == 0, proc.stderr

@@ -374,9 +374,11 @@ def run(ids=None, reader=None, marker=False, out=None):
         return 2
     diffs = plan(ids, reader)
     errors = list(getattr(reader, "errors", None) or ())
+    from flashfix.tools import doctor as _doctor
+
+    for problem in errors or _doctor.pack_problems(reader):  # packs not loaded (or not run) are named
+        sys.stderr.write("flashfix diff: %s\n" % problem)
     if errors:
-        for problem in errors:
-            sys.stderr.write("flashfix diff: %s\n" % problem)
         return 2
     if reader is not None:
         out.write("environment read: %s\n" % reader.describe())
