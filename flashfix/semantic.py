@@ -82,10 +82,11 @@ class Block(ast.AST):
 
 def pattern(text):
     """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    body = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
-    if len(body) > 1:
-        return Block(body)
-    return body[0].value if isinstance(body[0], ast.Expr) else body[0]
+    src = text.strip().replace("$$$", MANY).replace("$", ONE)
+    body = ast.parse(src).body
+    node = Block(body) if len(body) > 1 else body[0].value if isinstance(body[0], ast.Expr) else body[0]
+    node.flashfix_src = src  # what ``build`` spells its nodes with
+    return node
 
 
 def _meta(node, prefix=ONE):
@@ -211,12 +212,15 @@ def _spliced(item, b):
     return [b[one]] if one is not None and isinstance(b.get(one), ast.stmt) else None
 
 
-def build(template, b, at=None):
+def build(template, b, at=None, src=None):
     """A new node: ``template`` with its metavariables replaced by copies of their bindings;
-    the template's own nodes get the position of ``at`` when given."""
+    the template's own nodes get the position of ``at`` when given, and their spelling
+    (``flashfix_text``, for ``_render``): the pattern's own text, each metavariable written as
+    the engine's text of its binding."""
     name = _meta(template)
     if name is not None:
         return copy.deepcopy(b[name])
+    src = getattr(template, "flashfix_src", src)
     node = copy.copy(template)
     for field, value in ast.iter_fields(template):
         if isinstance(value, list):
@@ -226,15 +230,58 @@ def build(template, b, at=None):
                 if spliced is not None:
                     out.extend(copy.deepcopy(spliced))
                 else:
-                    out.append(build(item, b, at) if isinstance(item, ast.AST) else item)
+                    out.append(build(item, b, at, src) if isinstance(item, ast.AST) else item)
             setattr(node, field, out)
         elif isinstance(value, ast.AST):
-            setattr(node, field, build(value, b, at))
+            setattr(node, field, build(value, b, at, src))
         elif isinstance(value, str) and value.startswith(ONE):
             setattr(node, field, b[value[len(ONE):]])
+    if src is not None and getattr(template, "end_lineno", None) is not None:
+        node.flashfix_text = functools.partial(_spell, src, template, b)
     if at is not None and "lineno" in node._attributes:
         ast.copy_location(node, at)
     return node
+
+
+def _spell(src, template, b, spell, marked):
+    """``template``'s text in the pattern ``src``, each metavariable written as ``spell`` of its
+    binding (``$RAN``: the marker, or no line unless ``marked``), later lines indented relative to the first."""
+    from flashfix.core import render as _render
+
+    text, cuts = _render.Writer(_render._lines(src)), []
+    first = text.at(template.lineno, template.col_offset)
+    for parent in ast.walk(template):
+        for node in [n for _, v in ast.iter_fields(parent) for n in (v if isinstance(v, list) else [v])]:
+            many = _meta(node, MANY) if isinstance(node, ast.AST) else None
+            name = many or _meta(node) or (_meta(node.value) if isinstance(node, ast.Expr) else None)
+            if isinstance(node, ast.Attribute) and node.attr.startswith(ONE):  # obj.$A
+                end = text.at(node.end_lineno, node.end_col_offset)
+                cuts.append((end - len(node.attr), end, b[node.attr[len(ONE):]]))
+            if name is None or isinstance(node, ast.Name) and (isinstance(parent, ast.Expr) or (
+                    many and isinstance(parent, ast.keyword))):  # the statement or ``**`` holding it is cut
+                continue
+            start, end = text.at(node.lineno, node.col_offset), text.at(node.end_lineno, node.end_col_offset)
+            items = ([b[name]] if marked else []) if name == "RAN" else b[name] if many else None
+            if items is None:
+                value = _render.bracketed(spell(b[name]), b[name], parent, node)
+            else:
+                statements = isinstance(node, ast.Expr)
+                value = spell(items, "\n" if statements else " %s " % type(parent.op).__name__.lower()
+                              if isinstance(parent, ast.BoolOp) else ", ")
+                if not items and statements:  # the line goes
+                    start, end = text.line_start(start), src.find("\n", end) + 1 or len(src)
+                elif not items:  # and a separator next to it
+                    after = re.match(r"\s*(,|and\b|or\b)\s*", src[end:])
+                    before = re.search(r"(,|\band|\bor)\s*$", src[first:start])
+                    start, end = (start, end + after.end()) if after else (start - len(before.group(0)) if before
+                                                                           else start, end)
+            cuts.append((start, end, _render.reindent(value, text.indent(start))))
+    out, position = [], first
+    for start, end, value in sorted(cuts):
+        out += [src[position:start], value]
+        position = end
+    out.append(src[position:text.at(template.end_lineno, template.end_col_offset)])
+    return _render.reindent("".join(out), "", text.indent(first))
 
 
 def _text(value):
@@ -245,8 +292,8 @@ def _text(value):
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
-def _show(node):
-    return _text(node).replace(MANY, "$$$").replace(ONE, "$")
+def _show(node):  # a pattern as the declaration spells it
+    return (getattr(node, "flashfix_src", None) or _text(node)).replace(MANY, "$$$").replace(ONE, "$")
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
