@@ -25,14 +25,7 @@ bindings (e.g. a sibling call's arguments) serve ``after``.
 
 The rest of this module's documentation is the comment block below.
 """
-# When one pair is not enough (each is optional, see ``Rule`` and ``Backport``): ``fixed_if``
-# (patterns that mean upstream's fix is in, when it is not ``after``'s form), ``constraints``
-# (``{"X": regex}`` on a metavariable's code), ``every`` (replace every match, not exactly one),
-# ``hunks`` (several ``Rule``s applied together), ``sites`` (the function moves between releases),
-# ``needs`` (``{name: module}``: a global the new code reads, added where the module lacks it),
-# ``context`` and ``check`` (procedural hooks, for what only code can read; a ShapeError they raise
-# is an unknown shape, with its message as the reason). ``$SELF`` is the
-# function's first parameter; a ``$RAN`` statement in ``after`` places the one-time marker.
+# Every keyword, with its type: ``Backport``'s docstring (``help(Backport)``).
 #
 # Derived from the one declaration:
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
@@ -646,14 +639,28 @@ class Declaration:
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
              before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, **rule):
-    """A declarative backport (see the module docstring), as a registry ``Patch``: one hunk
-    from ``module``/``function``/``before``/``after`` and the ``Rule`` keywords, and/or the
-    ``Rule`` objects ``hunks``, applied together. ``sites``: ``((module, function), ...)`` where
-    the first hunk's function may live, one release layout each; ``needs``: ``{name: module}``
-    for globals the new code reads that the target module may lack (taken from that module);
-    ``context(tree, func)``: a procedural hook for what a pattern cannot say, returning
-    bindings for ``after`` or a Shape that decides (a ShapeError: unknown shape); ``check(module)``: raises ShapeError to
-    refuse at apply time, on what only the imported code can tell."""
+    """A declarative backport (patterns: see the module docstring), as a ``flashfix.core.registry.Patch``.
+
+    Required, each a ``str``: ``id`` (unique among flashfix's and every pack's: prefix it with your
+    own), ``engine`` (the distribution: ``vllm``, ``sglang``, ``flashinfer-python``), ``versions``
+    (PEP 440 specifiers: the releases where the pre-fix form is patched), ``upstream`` (the PR's
+    URL), ``fixed_in`` (the first release with the fix), ``summary`` (one line), ``doc`` (why, how,
+    and a ``Delete when:`` paragraph, else ``ValueError``).
+    One hunk: ``module``, ``function`` (``"Class.method"`` or ``"function"``), ``before``, ``after``
+    (str patterns), with ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
+    ``fixed_if`` (str or tuple of str: patterns meaning the fix is in; default ``after``), ``fixed``,
+    ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables),
+    ``constraints`` (dict: metavariable -> regex its code must match), ``every`` (bool: replace every
+    match, not exactly one), ``absent_unless_mentioned`` (str: not-affected where the code never
+    mentions it). ``$SELF`` is the function's first parameter; ``$RAN``, a statement of ``after``,
+    places the one-time marker. ``hunks``: tuple of ``Rule(module, function, before, after,
+    **keywords)``, applied with the first or instead of it, all or none. ``sites``: tuple of
+    ``(module, function)``, where the first hunk's function lives, one release layout each.
+    ``needs``: dict ``{name: module}``, globals the new code reads, taken from that module where the
+    target lacks them. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or
+    a ``Shape`` that decides; ``check``: callable ``(module)``, at apply time with the engine
+    imported. Either refuses by raising ``ShapeError`` (``from flashfix.semantic import ShapeError``):
+    an unknown shape, its message the reason."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
