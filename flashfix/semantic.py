@@ -241,39 +241,30 @@ def _spell(src, template, b, spell, marked):
     binding (``$RAN``: the marker, or no line unless ``marked``), later lines indented relative to the first."""
     from flashfix.core import render as _render
 
-    text, cuts = _render.Writer(_render._lines(src)), []
-    first = text.at(template.lineno, template.col_offset)
-    for parent in ast.walk(template):
-        for node in [n for _, v in ast.iter_fields(parent) for n in (v if isinstance(v, list) else [v])]:
-            many = _meta(node, MANY) if isinstance(node, ast.AST) else None
-            name = many or _meta(node) or (_meta(node.value) if isinstance(node, ast.Expr) else None)
-            if isinstance(node, ast.Attribute) and node.attr.startswith(ONE):  # obj.$A
-                end = text.at(node.end_lineno, node.end_col_offset)
-                cuts.append((end - len(node.attr), end, b[node.attr[len(ONE):]]))
-            if name is None or isinstance(node, ast.Name) and (isinstance(parent, ast.Expr) or (
-                    many and isinstance(parent, ast.keyword))):  # the statement or ``**`` holding it is cut
-                continue
-            start, end = text.at(node.lineno, node.col_offset), text.at(node.end_lineno, node.end_col_offset)
-            items = ([b[name]] if marked else []) if name == "RAN" else b[name] if many else None
-            if items is None:
-                value = _render.bracketed(spell(b[name]), b[name], parent, node)
-            else:
-                statements = isinstance(node, ast.Expr)
-                value = spell(items, "\n" if statements else " %s " % type(parent.op).__name__.lower()
-                              if isinstance(parent, ast.BoolOp) else ", ")
-                if not items and statements:  # the line goes
-                    start, end = text.line_start(start), src.find("\n", end) + 1 or len(src)
-                elif not items:  # and a separator next to it
-                    after = re.match(r"\s*(,|and\b|or\b)\s*", src[end:])
-                    before = re.search(r"(,|\band|\bor)\s*$", src[first:start])
-                    start, end = (start, end + after.end()) if after else (start - len(before.group(0)) if before
-                                                                           else start, end)
-            cuts.append((start, end, _render.reindent(value, text.indent(start))))
+    text = _render.Writer(_render._lines(src))
+    first, last = text.at(template.lineno, template.col_offset), text.at(template.end_lineno, template.end_col_offset)
+    names = {text.at(n.lineno, n.col_offset): (n, p) for p in ast.walk(template) for n in ast.iter_child_nodes(p)
+             if isinstance(n, ast.Name)}
     out, position = [], first
-    for start, end, value in sorted(cuts):
-        out += [src[position:start], value]
+    for found in re.compile(r"(\*\*)?(__ffx_1_|__ffx_n_)(\w+)").finditer(src, first, last):
+        start, end, name = found.start(), found.end(), found.group(3)
+        node, parent = names.get(found.start(2), (None, None))
+        value = ([b[name]] if marked else []) if name == "RAN" else b[name]
+        if isinstance(value, list):
+            statements = isinstance(parent, ast.Expr)
+            piece = spell(value, "\n" if statements else " %s " % type(parent.op).__name__.lower()
+                          if isinstance(parent, ast.BoolOp) else ", ")
+            if not value and statements:  # the line goes
+                start, end = text.line_start(start), src.find("\n", end) + 1 or len(src)
+            elif not value:  # and a separator next to it
+                after = re.match(r"\s*(,|and\b|or\b)\s*", src[end:])
+                before = re.search(r"(,|\band|\bor)\s*$", src[first:start])
+                start, end = (start, end + after.end()) if after else (start - len(before.group(0)) if before else start, end)
+        else:  # an attribute name, or an expression in brackets where the pattern binds tighter
+            piece = value if isinstance(value, str) else _render.bracketed(spell(value), value, parent, node)
+        out += [src[position:start], _render.reindent(piece, text.indent(start))]
         position = end
-    out.append(src[position:text.at(template.end_lineno, template.end_col_offset)])
+    out.append(src[position:last])
     return _render.reindent("".join(out), "", text.indent(first))
 
 

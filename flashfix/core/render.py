@@ -1,16 +1,12 @@
 """The text of an edited engine function: what ``flashfix diff`` shows and what the runtime compiles.
 
-A patch edits a function as an AST; ``render`` writes the edit into the installed function's own
-text. It walks the installed and the edited def together and rewrites only the smallest piece of
-text that differs: an expression or statement, an item added to or dropped from an argument list,
-a block or an and/or chain, an ``elif`` branch. The rest keeps its text, comments and quotes. A
-changed node is written as its edit spells it: by its ``flashfix_text`` (``flashfix.semantic``: the
-pattern's own text, each metavariable written as the engine's text of its binding), by its source
-when copied from the engine, else by ``ast.unparse``. ``_source.rewrite`` compiles this text
-(``Rendered.tree``) and ``flashfix diff`` prints it. It is parsed back and must give the edited
-AST, else the whole function is written by ``ast.unparse`` (and if even that does not give it,
-``ShapeError``). An unchanged line keeps its installed line number; the k-th line written for a
-change reports as the k-th line it replaces (the last one when there are more), an inserted line
+``render`` walks the installed and the edited def together and rewrites only the text that
+differs (an expression, a statement, an item of a list or block, an ``elif`` branch), each changed
+node by its ``flashfix_text`` (``flashfix.semantic``: the pattern's own text, each metavariable the
+engine's text of its binding), by its source when copied from the engine, else by ``ast.unparse``;
+comments, quotes and line breaks elsewhere stay. The text must parse back to the edited AST, else
+the whole function is written by ``ast.unparse``. Line numbers: an unchanged line keeps its own; the
+k-th line written for a change reports as the k-th it replaces (at most the last), an inserted one
 as the line it is put before.
 """
 
@@ -20,13 +16,15 @@ import copy
 import difflib
 import re
 
+from flashfix.core.source import ShapeError, _first_line
+
 BLOCKS = ("body", "orelse", "finalbody")
 
 MARKED, PLAIN = "marked", "plain"
 
 
-class RenderError(Exception):
-    """The edit cannot be written as source text (``_source`` turns it into a ShapeError)."""
+class RenderError(ShapeError):
+    """The edit cannot be written as source text."""
 
 
 class _Up(Exception):
@@ -36,10 +34,6 @@ class _Up(Exception):
 def _lines(text):
     """The lines of ``text`` with their endings, split on ``\\n`` only, as ``ast`` counts them."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
-
-
-def _first_line(stmt):
-    return min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
 
 
 def _strip_markers(node):

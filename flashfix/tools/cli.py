@@ -17,9 +17,8 @@ def _add_sources(parser):
                         help="read the environment of the interpreter EXE: runs EXE (its start-up, .pth files "
                              "included) on a small standard-library program that says where modules and "
                              "distributions are; no engine is imported there")
-    parser.add_argument("--run-packs", action="store_true",
-                        help="with --path/--python: import the patch packs found there, EXECUTING their code in this "
-                             "process, to judge their patches (without it they are named and not run)")
+    parser.add_argument("--run-packs", action="store_true", help="with --path/--python: import the patch packs "
+                        "found there, EXECUTING their code here, to judge them (else they are named, not run)")
 
 
 def open_sources(sources):
