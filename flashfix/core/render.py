@@ -213,7 +213,7 @@ class Writer:
                         self.diff(olds[k], n, parent=parent)
                         k += 1
                     else:
-                        self.insert([n], None, olds[k], stmts, sep)
+                        self.insert([n], *((None, olds[k]) if k < len(olds) else (olds[-1], None)), stmts, sep)
             elif not (stmts or sep):
                 raise _Up()
             elif not olds:
@@ -354,7 +354,7 @@ def render(text, original, edited, origin=None):
             candidate, line_map = writer.text(start, end)
             if not _same(candidate, line_map, expected):
                 raise RenderError("the text does not parse back to the edit")
-        except (_Up, RenderError):
+        except Exception:  # a change the installed text cannot hold (the whole function below is checked too)
             whole.append(version)
             unparsed = ast.unparse(expected).split("\n")
             line_map = [min(start + i, end) for i in range(len(unparsed))]
