@@ -31,19 +31,17 @@ The rest of this module's documentation is the comment block below.
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
 #   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
 #   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
-#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
-#   the metavariables);
+#   -> patch; else unknown-shape, naming where the nearest candidate differs;
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
-#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``,
-#   a one-time marker at ``$RAN`` or before the edited statement); every name the new code reads
-#   must be a local, a builtin or a global of the module, or the patch is refused whole;
+#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
+#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
+#   the edited statement); every name the new code reads must be a local, a builtin or a global
+#   of the module, or the patch is refused whole;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
-# ``doc`` says why, how, and (required) ``Delete when:``. A fix that is not a code edit at all
-# (flashinfer_patch: a per-process name table) is a plain ``Patch`` with its own ``probe``/
-# ``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
+# A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
+# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
 # and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 
 import ast
