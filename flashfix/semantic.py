@@ -25,32 +25,23 @@ bindings (e.g. a sibling call's arguments) serve ``after``.
 
 The rest of this module's documentation is the comment block below.
 """
-# When one pair is not enough (each is optional, see ``Rule`` and ``Backport``): ``fixed_if``
-# (patterns that mean upstream's fix is in, when it is not ``after``'s form), ``constraints``
-# (``{"X": regex}`` on a metavariable's code), ``every`` (replace every match, not exactly one),
-# ``hunks`` (several ``Rule``s applied together), ``sites`` (the function moves between releases),
-# ``needs`` (``{name: module}``: a global the new code reads, added where the module lacks it),
-# ``context`` and ``check`` (procedural hooks, for what only code can read; a ShapeError they raise
-# is an unknown shape, with its message as the reason). ``$SELF`` is the
-# function's first parameter; a ``$RAN`` statement in ``after`` places the one-time marker.
+# Every keyword, with its type: ``Backport``'s docstring (``help(Backport)``).
 #
 # Derived from the one declaration:
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
 #   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
 #   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
-#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
-#   the metavariables);
+#   -> patch; else unknown-shape, naming where the nearest candidate differs;
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
-#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``,
-#   a one-time marker at ``$RAN`` or before the edited statement); every name the new code reads
-#   must be a local, a builtin or a global of the module, or the patch is refused whole;
+#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
+#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
+#   the edited statement); every name the new code reads must be a local, a builtin or a global
+#   of the module, or the patch is refused whole;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
-# ``doc`` says why, how, and (required) ``Delete when:``. A fix that is not a code edit at all
-# (flashinfer_patch: a per-process name table) is a plain ``Patch`` with its own ``probe``/
-# ``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
+# A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
+# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
 # and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
 
 import ast
@@ -82,10 +73,11 @@ class Block(ast.AST):
 
 def pattern(text):
     """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    body = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
-    if len(body) > 1:
-        return Block(body)
-    return body[0].value if isinstance(body[0], ast.Expr) else body[0]
+    src = text.strip().replace("$$$", MANY).replace("$", ONE)
+    body = ast.parse(src).body
+    node = Block(body) if len(body) > 1 else body[0].value if isinstance(body[0], ast.Expr) else body[0]
+    node.flashfix_src = src  # what ``build`` spells its nodes with
+    return node
 
 
 def _meta(node, prefix=ONE):
@@ -211,12 +203,15 @@ def _spliced(item, b):
     return [b[one]] if one is not None and isinstance(b.get(one), ast.stmt) else None
 
 
-def build(template, b, at=None):
+def build(template, b, at=None, src=None):
     """A new node: ``template`` with its metavariables replaced by copies of their bindings;
-    the template's own nodes get the position of ``at`` when given."""
+    the template's own nodes get the position of ``at`` when given, and their spelling
+    (``flashfix_text``, for ``_render``): the pattern's own text, each metavariable written as
+    the engine's text of its binding."""
     name = _meta(template)
     if name is not None:
         return copy.deepcopy(b[name])
+    src = getattr(template, "flashfix_src", src)
     node = copy.copy(template)
     for field, value in ast.iter_fields(template):
         if isinstance(value, list):
@@ -226,15 +221,49 @@ def build(template, b, at=None):
                 if spliced is not None:
                     out.extend(copy.deepcopy(spliced))
                 else:
-                    out.append(build(item, b, at) if isinstance(item, ast.AST) else item)
+                    out.append(build(item, b, at, src) if isinstance(item, ast.AST) else item)
             setattr(node, field, out)
         elif isinstance(value, ast.AST):
-            setattr(node, field, build(value, b, at))
+            setattr(node, field, build(value, b, at, src))
         elif isinstance(value, str) and value.startswith(ONE):
             setattr(node, field, b[value[len(ONE):]])
+    if src is not None and getattr(template, "end_lineno", None) is not None:
+        node.flashfix_text = functools.partial(_spell, src, template, b)
     if at is not None and "lineno" in node._attributes:
         ast.copy_location(node, at)
     return node
+
+
+def _spell(src, template, b, spell, marked):
+    """``template``'s text in the pattern ``src``, each metavariable written as ``spell`` of its
+    binding (``$RAN``: the marker, or no line unless ``marked``), later lines indented relative to the first."""
+    from flashfix.core import render as _render
+
+    text = _render.Writer(_render._lines(src))
+    first, last = text.at(template.lineno, template.col_offset), text.at(template.end_lineno, template.end_col_offset)
+    names = {text.at(n.lineno, n.col_offset): (n, p) for p in ast.walk(template) for n in ast.iter_child_nodes(p)
+             if isinstance(n, ast.Name)}
+    out, position = [], first
+    for found in re.compile(r"(\*\*)?(__ffx_1_|__ffx_n_)(\w+)").finditer(src, first, last):
+        start, end, name = found.start(), found.end(), found.group(3)
+        node, parent = names.get(found.start(2), (None, None))
+        value = ([b[name]] if marked else []) if name == "RAN" else b[name]
+        if isinstance(value, list):
+            statements = isinstance(parent, ast.Expr)
+            piece = spell(value, "\n" if statements else " %s " % type(parent.op).__name__.lower()
+                          if isinstance(parent, ast.BoolOp) else ", ")
+            if not value and statements:  # the line goes
+                start, end = text.line_start(start), src.find("\n", end) + 1 or len(src)
+            elif not value:  # and a separator next to it
+                after = re.match(r"\s*(,|and\b|or\b)\s*", src[end:])
+                before = re.search(r"(,|\band|\bor)\s*$", src[first:start])
+                start, end = (start, end + after.end()) if after else (start - len(before.group(0)) if before else start, end)
+        else:  # an attribute name, or an expression in brackets where the pattern binds tighter
+            piece = value if isinstance(value, str) else _render.bracketed(spell(value), value, parent, node)
+        out += [src[position:start], _render.reindent(piece, text.indent(start))]
+        position = end
+    out.append(src[position:last])
+    return _render.reindent("".join(out), "", text.indent(first))
 
 
 def _text(value):
@@ -245,8 +274,8 @@ def _text(value):
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
-def _show(node):
-    return _text(node).replace(MANY, "$$$").replace(ONE, "$")
+def _show(node):  # a pattern as the declaration spells it
+    return (getattr(node, "flashfix_src", None) or _text(node)).replace(MANY, "$$$").replace(ONE, "$")
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
@@ -599,14 +628,28 @@ class Declaration:
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
              before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, **rule):
-    """A declarative backport (see the module docstring), as a registry ``Patch``: one hunk
-    from ``module``/``function``/``before``/``after`` and the ``Rule`` keywords, and/or the
-    ``Rule`` objects ``hunks``, applied together. ``sites``: ``((module, function), ...)`` where
-    the first hunk's function may live, one release layout each; ``needs``: ``{name: module}``
-    for globals the new code reads that the target module may lack (taken from that module);
-    ``context(tree, func)``: a procedural hook for what a pattern cannot say, returning
-    bindings for ``after`` or a Shape that decides (a ShapeError: unknown shape); ``check(module)``: raises ShapeError to
-    refuse at apply time, on what only the imported code can tell."""
+    """A declarative backport (patterns: see the module docstring), as a ``flashfix.core.registry.Patch``.
+
+    Required, each a ``str``: ``id`` (unique among flashfix's and every pack's: prefix it with your
+    own), ``engine`` (the distribution: ``vllm``, ``sglang``, ``flashinfer-python``), ``versions``
+    (PEP 440 specifiers: the releases where the pre-fix form is patched), ``upstream`` (the PR's
+    URL), ``fixed_in`` (the first release with the fix), ``summary`` (one line), ``doc`` (why, how,
+    and a ``Delete when:`` paragraph, else ``ValueError``).
+    One hunk: ``module``, ``function`` (``"Class.method"`` or ``"function"``), ``before``, ``after``
+    (str patterns), with ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
+    ``fixed_if`` (str or tuple of str: patterns meaning the fix is in; default ``after``), ``fixed``,
+    ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables),
+    ``constraints`` (dict: metavariable -> regex its code must match), ``every`` (bool: replace every
+    match, not exactly one), ``absent_unless_mentioned`` (str: not-affected where the code never
+    mentions it). ``$SELF`` is the function's first parameter; ``$RAN``, a statement of ``after``,
+    places the one-time marker. ``hunks``: tuple of ``Rule(module, function, before, after,
+    **keywords)``, applied with the first or instead of it, all or none. ``sites``: tuple of
+    ``(module, function)``, where the first hunk's function lives, one release layout each.
+    ``needs``: dict ``{name: module}``, globals the new code reads, taken from that module where the
+    target lacks them. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or
+    a ``Shape`` that decides; ``check``: callable ``(module)``, at apply time with the engine
+    imported. Either refuses by raising ``ShapeError`` (``from flashfix.semantic import ShapeError``):
+    an unknown shape, its message the reason."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)

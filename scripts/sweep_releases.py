@@ -72,12 +72,15 @@ def _own_flashfix(as_script):
 
 _own_flashfix(__name__ == "__main__")
 
-import requests  # noqa: E402
-import urllib3  # noqa: E402
+try:
+    import requests  # noqa: E402
+    import urllib3  # noqa: E402
+    from remotezip import RemoteZip, RemoteZipError  # noqa: E402
+except ImportError as exc:
+    sys.exit("sweep_releases: %s; it needs remotezip and requests: pip install 'flashfix[sweep]'" % exc)
 from packaging.tags import compatible_tags, cpython_tags  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 from packaging.version import InvalidVersion, Version  # noqa: E402
-from remotezip import RemoteZip, RemoteZipError  # noqa: E402
 
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
@@ -484,16 +487,21 @@ def check(committed, rows, full=True):
     """How this sweep's ``rows`` drift from ``committed`` (the ``releases`` of a sweep.json):
     ``(failures, notes)``, each a list of lines.
 
-    A failure: a release judged ``unknown-shape``, or a committed verdict that is now different or
-    gone. Only verdicts count; a changed reason, a release or patch new since the committed sweep,
-    and (full sweep only) a committed release no longer listed are notes."""
+    A failure: a release inside a patch's ``versions`` judged ``unknown-shape`` (the runtime would
+    leave an affected engine unpatched), or a committed verdict that is now different or gone. Only
+    verdicts count; a changed reason, a release or patch new since the committed sweep, and (full
+    sweep only) a committed release no longer listed are notes. ``unknown-shape`` outside ``versions``
+    (a pack's pattern that older or newer releases spell differently: left untouched) is no failure
+    by itself; it is one only when the committed sweep said otherwise."""
     failures, notes = [], []
+    patches = {p.id: p for p in _only_packs or _registry.load_all()}
     old = {(r["dist"], r["version"]): r for r in committed}
     for r in rows:
         name = "%s %s" % (r["dist"], r["version"])
         now = r.get("verdicts", {})
         for pid, v in now.items():
-            if v["verdict"] == "unknown-shape":
+            affected = pid not in patches or _registry.in_range(patches[pid], r["version"])
+            if v["verdict"] == "unknown-shape" and affected:
                 failures.append("%s %s: unknown-shape: %s" % (name, pid, v["reason"]))
         before = old.get((r["dist"], r["version"]))
         if before is None:

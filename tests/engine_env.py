@@ -42,7 +42,8 @@ def root() -> Path:
 
 
 def uv() -> str:
-    found = shutil.which("uv")
+    beside = Path(sys.executable).with_name("uv")  # the test extra's, not a shim that depends on PYENV_ROOT
+    found = str(beside) if beside.exists() else shutil.which("uv")
     if found:
         return found
     raise RuntimeError("uv is not on PATH; run the README's test command, which installs it")

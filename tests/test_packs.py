@@ -138,14 +138,14 @@ def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site
     (result,) = results
     assert result["rows"]["ffx-other"] == "disabled" and result["other"] == "patched other", result  # flashfix's own fake
     assert "unknown patch id" not in proc.stderr, proc.stderr
-    # doctor --path: the packs installed in the folder read are found there and judged here
+    # doctor --path --run-packs: the packs installed in the folder read are found there and judged here
     results, proc = run_py('''
         import io, contextlib, json, sys
         use_fake()
         from flashfix.tools import cli as _cli
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = _cli.main(["doctor", "--json", "--path", %r, "--path", %r])
+            code = _cli.main(["doctor", "--json", "--run-packs", "--path", %r, "--path", %r])
         report(code=code, rows={r["id"]: r["verdict"] for r in json.loads(out.getvalue())})
     ''' % (str(site), str(fake_packs)), site=site, check=False)  # flashfix's own (fake) module importable here
     (result,) = results
@@ -153,6 +153,40 @@ def test_disable_names_a_pack_id_and_doctor_path_reads_the_packs_there(fake_site
     assert rows == {"fake-compute": "patch", "ffx-other": "patch"}, (result, proc.stderr)
     for line in LINES.values():
         assert line in proc.stderr, proc.stderr
+
+
+WRITER = '''
+import os
+open(os.environ["FFX_WRITER_PROOF"], "w").write("this pack ran")
+PATCHES = ()
+'''
+
+
+def test_reading_a_wheel_never_runs_its_pack(tmp_path):
+    """Before: `doctor --path pack.whl` imported the wheel's `flashfix.patches` module (which wrote a
+    file). Now packs of an environment read are named and not run, unless --run-packs is given."""
+    project = make_project(tmp_path, "ffx-writer", "ffx_writer", WRITER, entry="vllm")
+    subprocess.run([uv(), "build", "-q", "--wheel", "-o", str(tmp_path / "dist"), str(project)], check=True)
+    (wheel,) = (tmp_path / "dist").glob("ffx_writer-*.whl")
+    proof = tmp_path / "proof"
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}, PYTHONPATH=str(REPO),
+               FFX_WRITER_PROOF=str(proof))
+    line = ("pack ffx-writer (entry point vllm = ffx_writer) skipped, none of its patches is loaded: not run: reading "
+            "an environment never executes its code (--run-packs imports the pack here, executing it, to judge its "
+            "patches)")
+    for command in (["doctor"], ["doctor", "--strict"], ["diff"]):
+        proc = subprocess.run([sys.executable, "-m", "flashfix", *command, "--path", str(wheel)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert not proof.exists(), (command, proc.stderr)
+        assert line in proc.stderr, (command, proc.stderr)
+        assert proc.returncode == (1 if "--strict" in command else 0), (command, proc.stderr)
+    proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--run-packs", "--path", str(wheel)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proof.read_text() == "this pack ran", proc.stderr
+    assert "ffx-writer" not in proc.stderr, proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--help"], capture_output=True, text=True,
+                               env=env).stdout
+    assert "EXECUTING their code" in " ".join(help_text.split())
 
 
 # --- the README example, as an installed distribution next to real vLLM releases ------------------
@@ -248,8 +282,9 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
     proc, _ = _engine(venv28, None, args=("-m", "flashfix", "diff", PACK_ID))
     assert proc.returncode == 0, proc.stderr
     assert "-        if len(generators) != logits.shape[0] and not self.use_fp64_gumbel:" in proc.stdout, proc.stdout
-    # the changed statement is written back by ast.unparse (flashfix.semantic), hence the brackets
-    assert "+        if not generators and (not self.use_fp64_gumbel):" in proc.stdout, proc.stdout
+    # only the changed operand is rewritten, in the declaration's spelling; the rest of the line is vLLM's
+    assert "+        if not generators and not self.use_fp64_gumbel:" in proc.stdout, proc.stdout
+    assert "\n             return compiled_random_sample(logits), logits_to_return\n" in proc.stdout  # context only
 
     # 5. doctor: patch on 0.28.0, fixed-upstream on 0.29.0, read through --python (the pack
     #    installed there) and --path (the pack's folder next to the release's site-packages)
@@ -258,7 +293,8 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
     for label, args in (("0.28.0 --python", ["--python", str(venv28)]), ("0.29.0 --python", ["--python", str(venv29)]),
                         ("0.29.0 --path", ["--path", str(both), "--path", str(next(
                             engine_env.env_python("vllm==0.29.0").parent.parent.glob("lib/python*/site-packages")))])):
-        proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--json"] + args, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--json", "--run-packs"] + args,
+                              capture_output=True,
                               text=True, env=dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
                                                   PYTHONPATH=str(REPO)), timeout=300)
         assert proc.returncode == 0, proc.stderr
@@ -267,17 +303,31 @@ print("FLASHFIX_RESULT=" + json.dumps([list(e) for e in _packs.installed()]))
                         "0.29.0 --path": "fixed-upstream"}, verdicts
 
 
-def test_sweep_judges_a_pack_over_releases():
-    """`scripts/sweep_releases.py --pack MODULE`, as the README tells a pack author to run it."""
-    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
-               PYTHONPATH=os.pathsep.join([str(REPO), str(EXAMPLE / "src")]))
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_releases.py"), "--pack", "flashfix_pack_example",
-                           "--only", "vllm==0.22.1,vllm==0.23.0,vllm==0.28.0,vllm==0.29.0", "--quiet"],
-                          capture_output=True, text=True, env=env, timeout=300)
+def test_sweep_judges_a_pack_over_releases(tmp_path):
+    """`scripts/sweep_releases.py --pack MODULE`, as the guide tells a pack author to run it from the
+    pack's own folder; its drift check on the pack's own unchanged sweep finds no drift (before: the
+    releases outside `versions` that spell the code differently, left untouched, were reported)."""
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}, PYTHONPATH="src")
+    sweep = [sys.executable, str(REPO / "scripts" / "sweep_releases.py"), "--pack", "flashfix_pack_example",
+             "--only", "vllm==0.22.1,vllm==0.23.0,vllm==0.28.0,vllm==0.29.0", "--quiet"]
+    proc = subprocess.run(sweep + ["--json", str(tmp_path / "pack.json")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=EXAMPLE)
     assert proc.returncode == 0, proc.stderr
     verdicts = [line.split()[1:4] for line in proc.stdout.splitlines()]
     assert verdicts == [["0.22.1", PACK_ID, "unknown-shape"], ["0.23.0", PACK_ID, "patch"], ["0.28.0", PACK_ID, "patch"],
                         ["0.29.0", PACK_ID, "fixed-upstream"]], proc.stdout
+    proc = subprocess.run(sweep + ["--check", str(tmp_path / "pack.json")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=EXAMPLE)
+    assert proc.returncode == 0 and "no drift" in proc.stderr, proc.stderr
+    # a release inside `versions` that reads unknown-shape is drift: the engine would stay unpatched
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    source = (EXAMPLE / "src" / "flashfix_pack_example" / "__init__.py").read_text()
+    (wide / "flashfix_pack_wide.py").write_text(source.replace('versions=">=0.23,<0.29"', 'versions=">=0.22,<0.29"'))
+    proc = subprocess.run(sweep[:3] + ["flashfix_pack_wide", "--only", "vllm==0.22.1", "--quiet", "--check",
+                                       str(tmp_path / "pack.json")], capture_output=True, text=True,
+                          env=dict(env, PYTHONPATH=str(wide)), timeout=300)
+    assert proc.returncode == 1 and "DRIFT: vllm 0.22.1 %s: unknown-shape" % PACK_ID in proc.stderr, proc.stderr
 
 
 def test_readme_shows_the_example_files():
@@ -288,3 +338,59 @@ def test_readme_shows_the_example_files():
     section = readme.split("## Writing a backport", 1)[1].split("\n## ", 1)[0]
     for path in (EXAMPLE / "pyproject.toml", EXAMPLE / "src" / "flashfix_pack_example" / "__init__.py"):
         assert path.read_text() in section, "README's 'Writing a backport' does not show %s as it is" % path
+
+
+def test_every_keyword_is_documented_with_its_type():
+    """The guide's keyword reference names every keyword of Backport and Rule and every field of
+    Patch, each with its type; help(Backport) names every keyword; both say where ShapeError is."""
+    import inspect
+    import re
+
+    from flashfix import semantic
+    from flashfix.core.registry import Patch
+
+    reference = (REPO / "docs" / "writing-a-backport.md").read_text().split("## Keyword reference", 1)[1]
+    types = {}
+    for line in reference.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) > 2:
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                types.setdefault(name, cells[1])
+    keywords = [name for name, p in inspect.signature(semantic.Backport).parameters.items()
+                if p.kind is not p.VAR_KEYWORD] + list(inspect.signature(semantic.Rule).parameters)
+    assert not [name for name in keywords + list(Patch._fields) if not types.get(name)], types
+    assert not [name for name in keywords if "``%s``" % name not in semantic.Backport.__doc__]
+    for text in (reference, semantic.Backport.__doc__):
+        assert "from flashfix.semantic import ShapeError" in " ".join(text.split())
+
+
+KDA_PACK = r'''
+from flashfix.semantic import Backport
+
+PATCHES = (Backport(
+    id="ffx-kda-helion", engine="sglang", versions=">=0.5", upstream="u", fixed_in="0.5.18", summary="s",
+    doc="Delete when: never", module="sglang.srt.layers.attention.linear.kda_backend",
+    function="KDAKernelDispatcher.__init__",
+    before="if decode_backend.is_triton():\n    $$$T\nelse:\n    $$$E",
+    after="if decode_backend.is_triton():\n    $$$T\nelif decode_backend.is_helion():\n"
+          "    self.decode_kernel = triton_kernel\nelse:\n    $$$E"),)
+'''
+
+
+def test_a_pattern_of_several_lines_reads_as_lines_in_the_doctors_table(tmp_path):
+    """Before: the reason's pattern was ast.unparse'd and its later lines started at column 0,
+    breaking the table. Now they stand under the reason's first line, as the declaration spells them;
+    the pack is tried before installing it next to the engine, as the guide says (--target, --path)."""
+    packs = install(tmp_path / "site", make_project(tmp_path, "ffx-kda", "ffx_kda", KDA_PACK, entry="sglang"))
+    site = next(engine_env.env_python("sglang==0.5.17").parent.parent.glob("lib/python*/site-packages"))
+    proc = subprocess.run([sys.executable, "-m", "flashfix", "doctor", "--run-packs", "--path", str(packs), "--path",
+                           str(site)], capture_output=True, text=True, timeout=300,
+                          env=dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
+                                   PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    (row,) = [i for i, line in enumerate(lines) if line.startswith("ffx-kda-helion ")]
+    column = lines[row].index("KDAKernelDispatcher.__init__ (line ")
+    assert lines[row].split()[1:4] == ["sglang", "0.5.17", "patch"], lines[row]
+    assert lines[row].endswith("has the pre-fix form `if decode_backend.is_triton():")
+    assert lines[row + 1:row + 4] == [" " * column + "    $$$T", " " * column + "else:", " " * column + "    $$$E`"]

@@ -117,18 +117,66 @@ class ModelConfig:
 '''
 
 
+def find_python(spec=">=3.12"):
+    """An interpreter whose version meets ``spec``, found as pyenv and uv find them, never downloaded:
+    the versions under ``$PYENV_ROOT`` (default ``~/.pyenv``), then ``uv python find`` (``PATH``, uv's
+    managed pythons). No PyPI package installs a CPython, so when none is there this fails, naming
+    the version missing and where it looked (a failure, not a skip)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    def version(path):
+        try:
+            return Version(path.parent.parent.name)
+        except InvalidVersion:
+            return None
+
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = [p for p in pyenv.glob("versions/*/bin/python3") if version(p) in SpecifierSet(spec)]
+    if found:
+        return str(max(found, key=version))
+    uv = subprocess.run([engine_env.uv(), "python", "find", "--no-python-downloads", spec],
+                        capture_output=True, text=True)
+    if uv.returncode == 0 and uv.stdout.strip():
+        return uv.stdout.strip()
+    pytest.fail("no Python %s interpreter: none under %s (PYENV_ROOT), and `uv python find --no-python-downloads "
+                "'%s'` found none on PATH or among uv's managed pythons; install one (`pyenv install 3.12`, "
+                "`uv python install 3.12`) or put one on PATH" % (spec, pyenv / "versions", spec), pytrace=False)
+
+
 def python312():
     """An interpreter of Python 3.12 or later with packaging (a venv made once by uv)."""
     venv = engine_env.root() / "reader-py312"
     python = venv / "bin" / "python"
     marker = venv / ".flashfix-ready"
     if not marker.exists():
-        found = sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python"))
-        base = str(found[-1]) if found else "3.12"  # else uv finds or installs one
-        subprocess.run([engine_env.uv(), "venv", "-q", "--clear", "--python", base, str(venv)], check=True)
+        base = find_python(">=3.12")
+        subprocess.run([engine_env.uv(), "venv", "-q", "--clear", "--no-python-downloads", "--python", base,
+                        str(venv)], check=True)
         subprocess.run([engine_env.uv(), "pip", "install", "-q", "--python", str(python), "packaging"], check=True)
         marker.write_text("reader\n")
     return python
+
+
+def test_python_312_is_found_whatever_home(tmp_path, monkeypatch):
+    """Before: with another HOME the reader venv asked uv to download a Python, which fails on a
+    machine that reaches only PyPI; now the interpreter is found as pyenv and uv find it."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    monkeypatch.setenv("PYENV_ROOT", str(pyenv))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLASHFIX_ENGINE_ROOT", str(tmp_path / "engines"))
+    python = python312()
+    out = subprocess.run([str(python), "-c", "import sys, packaging; print(sys.version_info >= (3, 12))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
+def test_a_missing_python_is_a_failure_that_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "no-pyenv"))
+    monkeypatch.setenv("PATH", os.path.dirname(engine_env.uv()))  # uv itself, and no Python 3.12 beside it
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "no-uv-pythons"))
+    with pytest.raises(pytest.fail.Exception, match=r"no Python ==9\.9 interpreter: none under .*no-pyenv/versions"):
+        find_python("==9.9")
 
 
 def test_a_class_spelled_inside_a_pep701_string_is_not_the_class(tmp_path):

@@ -3,6 +3,7 @@ real SGLang source (the 0.5.17 and 0.5.18 engine environments' installed files, 
 
 import ast
 import copy
+import difflib
 import glob
 
 import pytest
@@ -236,3 +237,54 @@ def test_several_statements_on_real_vllm_source():
         "    is_cpu = current_platform.is_cpu()", "    return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=is_cpu)"]
     # turned back, the fixed release's text is a pre-fix shape that the probe patches
     assert probe(patch, semantic.derive_prefix(patch, new)).kind == _registry.BUGGY
+
+
+# --- the diff shows upstream's lines, in the engine's spelling (real SGLang 0.5.17 -> 0.5.18) -----
+
+KDA = dict(module="sglang.srt.layers.attention.linear.kda_backend", function="KDAKernelDispatcher.__init__",
+           before="if decode_backend.is_triton():\n    $$$T\nelse:\n    $$$E",
+           after="if decode_backend.is_triton():\n    $$$T\nelif decode_backend.is_helion():\n"
+                 "    assert helion_kernel is not None\n    self.decode_kernel = helion_kernel\nelse:\n    $$$E")
+
+
+def changed_lines(patch, text):
+    """``(removed, added, rendered)``: the installed lines the runtime's edit drops and the lines it
+    adds, in the text the runtime compiles (and ``flashfix diff`` prints)."""
+    func = _source.find_def(ast.parse(text), patch.rule.hunks[0].function)
+    edited = copy.deepcopy(func)
+    patch.rule.hunks[0].edit(edited, _source.marker("t:x"))
+    rendered = _source.render_edit(text, func, edited)
+    assert rendered.whole == ()
+    assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(_render._strip_markers(copy.deepcopy(edited)))
+    ops = difflib.SequenceMatcher(None, before := rendered.before.splitlines(),
+                                  after := rendered.text(_render.PLAIN).splitlines(), autojunk=False).get_opcodes()
+    return ([line for tag, i1, i2, _, _ in ops if tag != "equal" for line in before[i1:i2]],
+            [line for tag, _, _, j1, j2 in ops if tag != "equal" for line in after[j1:j2]], rendered)
+
+
+def test_the_diff_is_upstreams_lines_in_the_engines_spelling():
+    """Before: an added ``elif`` became a shifted chain (every later branch rewritten, comments moved,
+    strings requoted), ``"vision_config"`` became ``'vision_config'``, and a call spread over lines was
+    written again whole."""
+    patch = semantic.Backport(id="t-kda", engine="sglang", versions=">=0.5", upstream="u", fixed_in="0.5.18",
+                              summary="s", doc="Delete when: never", **KDA)
+    old, new = (installed(v, KDA["module"]) for v in ("0.5.17", "0.5.18"))
+    removed, added, _ = changed_lines(patch, old)
+    # the elif branch upstream added, line for line; the branch below it (with its comments) untouched
+    anchor = new.splitlines().index("            self.decode_kernel = triton_kernel")
+    assert removed == [] and added == new.splitlines()[anchor + 1:anchor + 4], added
+    assert added[0] == "        elif decode_backend.is_helion():"
+    # an argument added to a call spread over lines: one line each, as upstream has them
+    text = installed("0.5.17", sglang_patch.FP8_KV_SCALES.targets[0])
+    removed, added, _ = changed_lines(sglang_patch.FP8_KV_SCALES, text)
+    assert removed == [] and added == ["                    k_scale=layer.k_scale_float,",
+                                       "                    v_scale=layer.v_scale_float,"]
+    # the engine's quotes and the comment above the statement stay; only the statement's lines change
+    text = installed("0.5.17", sglang_patch.VISION_CONFIG.targets[0])
+    removed, added, rendered = changed_lines(sglang_patch.VISION_CONFIG, text)
+    assert removed == ["        self.is_image_understandable_model = enable_multimodal and hasattr(",
+                       '            self.hf_config, "vision_config"', "        )"]
+    assert added == ['        self.is_image_understandable_model = enable_multimodal and getattr(self.hf_config, '
+                     '"vision_config", None) is not None']
+    plain = rendered.text(_render.PLAIN).splitlines()
+    assert plain[plain.index(added[0]) - 1] == "        # TODO: requires further polishing"

@@ -27,7 +27,8 @@ The rest of this module's documentation is the comment block below.
 """
 # Another environment (``flashfix doctor --path``/``--python``): the packs installed *there* are
 # listed from that environment's metadata (``entry_points.txt`` of the distributions in the
-# folders or wheel read; for ``--python`` the other interpreter lists them) and imported *here*,
+# folders or wheel read; for ``--python`` the other interpreter lists them), named and not run
+# (reading a build never executes it), or with ``--run-packs`` imported *here*,
 # from the folder (or wheel) that holds their module, through a temporary ``sys.path`` entry,
 # so their declarations are judged by this flashfix. flashfix's own entries there are skipped:
 # this copy's patches are the ones judged.

@@ -322,6 +322,9 @@ def _foreign(r):
         try:
             if entry.top not in flashfix.PATCH_MODULES:
                 raise _packs.Problem("its entry point name %r is not an engine package flashfix watches" % entry.name)
+            if not getattr(r, "run_packs", False):  # reading a build never executes it
+                raise _packs.Problem("not run: reading an environment never executes its code (--run-packs imports "
+                                     "the pack here, executing it, to judge its patches)")
             loaded = _packs.load(entry)
             taken = [p.id for p in loaded if p.id in own or p.id in seen]
             if taken:

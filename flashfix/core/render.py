@@ -1,57 +1,39 @@
 """The text of an edited engine function: what ``flashfix diff`` shows and what the runtime compiles.
 
-A patch edits a function as an AST. ``render`` turns that edit back into source text: the
-installed function's own lines, with only the statements the edit changed replaced by
-``ast.unparse`` of their edited form (indented as the statements they replace), and
-statements the edit inserted put in as new lines. Unchanged lines keep their text, comments
-included. ``_source.rewrite`` compiles the new code from this text (``Rendered.tree``), and
-``flashfix diff`` prints this text, so the diff is the code that runs, not a description of it.
-
-Each rendered text is parsed back and compared with the edited AST before it is used: if the
-line-level splice cannot express the edit (a statement sharing its line with another, an
-``elif`` chain rewritten, a string that indentation would change), the whole function is
-rendered with ``ast.unparse`` instead, and if even that does not give the edited AST the
-rewrite is refused (``ShapeError``).
-
-Line numbers: in the compiled code, an unchanged line keeps its line number in the installed
-file, so tracebacks through the patched function show the installed file's lines; the k-th
-line written for a replaced statement reports as the k-th line of the statement it replaces
-(the last one when there are more), and an inserted statement as the line of the statement
-it precedes. ``render`` breaks long statements at the same places as the engines' own
-formatting mostly does, so most lines report as the installed line that reads the same.
+``render`` walks the installed and the edited def together and rewrites only the text that
+differs (an expression, a statement, an item of a list or block, an ``elif`` branch), each changed
+node by its ``flashfix_text`` (``flashfix.semantic``: the pattern's own text, each metavariable the
+engine's text of its binding), by its source when copied from the engine, else by ``ast.unparse``;
+comments, quotes and line breaks elsewhere stay. The text must parse back to the edited AST, else
+the whole function is written by ``ast.unparse``. Line numbers: an unchanged line keeps its own; the
+k-th line written for a change reports as the k-th it replaces (at most the last), an inserted one
+as the line it is put before.
 """
 
 import ast
+import bisect
 import copy
 import difflib
 import re
-from collections import namedtuple
+
+from flashfix.core.source import ShapeError, _first_line
 
 BLOCKS = ("body", "orelse", "finalbody")
 
 MARKED, PLAIN = "marked", "plain"
 
 
-class RenderError(Exception):
-    """The edit cannot be written as source text (``_source`` turns it into a ShapeError)."""
+class RenderError(ShapeError):
+    """The edit cannot be written as source text."""
+
+
+class _Up(Exception):
+    """This node's change cannot be written alone: its parent is rewritten instead."""
 
 
 def _lines(text):
     """The lines of ``text`` with their endings, split on ``\\n`` only, as ``ast`` counts them."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
-
-
-def _first_line(stmt):
-    return min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
-
-
-def _header(stmt):
-    """``stmt`` without its blocks: equal headers mean only the blocks can differ."""
-    shallow = copy.copy(stmt)
-    for field in BLOCKS + ("handlers", "cases"):
-        if hasattr(shallow, field):
-            setattr(shallow, field, [])
-    return ast.dump(shallow)
 
 
 def _strip_markers(node):
@@ -63,196 +45,231 @@ def _strip_markers(node):
     return node
 
 
-# One change of the text: lines ``first``..``last`` (1-based, inclusive; ``last == first - 1``
-# for an insertion before ``first``) become ``new`` lines, each reported at ``at`` (a line of
-# the installed file).
-_Splice = namedtuple("_Splice", "first last new at")
+def reindent(text, indent, strip=""):
+    """``text`` with ``strip`` taken from (where there) and ``indent`` put before each non-blank line but the first."""
+    first, *rest = text.split("\n")
+    return "\n".join([first] + [indent + (line[len(strip):] if line.startswith(strip) else line) if line.strip()
+                                else line for line in rest])
 
 
-class _Unsplicable(Exception):
-    pass
+def parses_as(text, node):
+    """Is ``text`` (later lines indented relative to the first) the source of ``node``?"""
+    try:
+        got = ast.parse(text).body if isinstance(node, ast.stmt) else ast.parse("f(%s\n)" % text).body[0].value.keywords \
+            if isinstance(node, ast.keyword) else [ast.parse("(%s\n)" % text, mode="eval").body]
+    except SyntaxError:
+        return False
+    return len(got) == 1 and ast.dump(got[0]) == ast.dump(node)
 
 
-class _Splicer:
-    def __init__(self, lines):
-        self.lines = lines
-        self.splices = []
+_SLOTS = (ast.Call, ast.keyword, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Assign, ast.AnnAssign, ast.AugAssign,
+          ast.Return, ast.Expr, ast.If, ast.While, ast.Assert)  # where any expression stands without brackets
 
-    def _line(self, number):
-        return self.lines[number - 1]
 
-    def _starts_line(self, stmt):
-        """Indentation of ``stmt``'s first line, if ``stmt`` is the first thing on it."""
-        first = _first_line(stmt)
-        line = self._line(first)
-        if first != stmt.lineno:  # a decorated def: the decorator opens the line
-            indent = line[: len(line) - len(line.lstrip())]
-            if not line.lstrip().startswith("@"):
-                raise _Unsplicable()
-            return indent
-        prefix = line.encode("utf-8")[: stmt.col_offset].decode("utf-8", "replace")
-        if prefix.strip():
-            raise _Unsplicable()
-        return prefix
+def bracketed(text, node, parent, old):
+    """``text`` of ``node`` put where ``old`` is in ``parent``: in brackets where ``ast.unparse`` puts them."""
+    if not isinstance(node, ast.expr) or not isinstance(old, ast.expr) or isinstance(parent, _SLOTS) and not (
+            isinstance(parent, ast.Call) and parent.func is old):
+        return text
+    probe = copy.copy(parent)
+    for field, value in ast.iter_fields(parent):
+        setattr(probe, field, [node if v is old else v for v in value] if isinstance(value, list)
+                else node if value is old else value)
+    return "(%s)" % text if "(%s)" % ast.unparse(node) in ast.unparse(probe) else text
 
-    def _ends_line(self, stmt):
-        line = self._line(stmt.end_lineno).rstrip("\r\n").encode("utf-8")
-        rest = line[stmt.end_col_offset:].decode("utf-8", "replace").strip()
-        if rest and not rest.startswith("#"):
-            raise _Unsplicable()
 
-    def _text(self, stmts, indent, old_first=None):
-        out = []
-        for index, stmt in enumerate(stmts):
-            elif_ = (index == 0 and old_first is not None and isinstance(stmt, ast.If)
-                     and self._line(old_first.lineno).lstrip().startswith("elif"))
-            # a statement that the source spreads over lines is spread again, like it was
-            spread = old_first is not None and type(stmt) is type(old_first) and old_first.end_lineno > old_first.lineno
-            out.extend(line + "\n" for line in _format(stmt, indent, "el" if elif_ else "", spread))
-        return out
+def _elif(node):
+    return len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)
 
-    def replace(self, old, new):
-        """Lines of the statements ``old`` (consecutive) become ``new``."""
-        indent = self._starts_line(old[0])
-        self._ends_line(old[-1])
-        first = _first_line(old[0])
-        self.splices.append(_Splice(first, old[-1].end_lineno, self._text(new, indent, old[0]), first))
 
-    def insert(self, new, before=None, after=None):
-        if before is not None:
-            indent = self._starts_line(before)
-            first = _first_line(before)
-            self.splices.append(_Splice(first, first - 1, self._text(new, indent), first))
+def _dumps(nodes):
+    return [ast.dump(n) for n in nodes]
+
+
+class Writer:
+    """Offsets in the text of ``lines`` (``at``: of ``ast``'s line and UTF-8 column), and the
+    changes ``(start, end, text)`` to it that turn an installed def into the edited one (``diff``)."""
+
+    def __init__(self, lines, marked=True):
+        self.lines, self.src, self.starts = lines, "".join(lines), [0]
+        for line in lines:
+            self.starts.append(self.starts[-1] + len(line))
+        self.marked, self.edits, self.floor = marked, [], len(self.src)  # floor: where the text replaced starts
+
+    def at(self, line, col):
+        return self.starts[line - 1] + len(self.lines[line - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+
+    def line_start(self, offset):
+        return self.starts[bisect.bisect_right(self.starts, offset) - 1]
+
+    def indent(self, offset, alone=False):
+        """The indentation of ``offset``'s line (``alone``: _Up unless only it precedes ``offset``)."""
+        if alone and self.src[self.line_start(offset):offset].strip():
+            raise _Up()
+        return _indent(self.src[self.line_start(offset):offset + 1])
+
+    def span(self, node):
+        if getattr(node, "end_lineno", None) is None:
+            raise _Up()
+        return self.at(node.lineno, node.col_offset), self.at(node.end_lineno, node.end_col_offset)
+
+    def segment(self, start, end):
+        return reindent(self.src[start:end], "", self.indent(start))
+
+    def line_end(self, end):
+        """The offset after the line that ``end`` ends (_Up if code follows it there)."""
+        tail = re.match(r"[ \t]*(#[^\n]*)?\n", self.src[end:])
+        if tail is None:
+            raise _Up()
+        return end + tail.end()
+
+    def spell(self, node, sep=", "):
+        """The text of ``node``, or of a list of nodes (joined by ``sep``), later lines indented
+        relative to the first."""
+        if not isinstance(node, list):
+            own = getattr(node, "flashfix_text", None)
+            if own is not None:
+                return own(self.spell, self.marked)
+            try:
+                text = self.segment(*self.span(node))
+            except _Up:
+                return ast.unparse(node)
+            return text if parses_as(text, node) else ast.unparse(node)
+        texts = [self.spell(n) for n in node]
+        try:
+            spans = [self.span(n) for n in node]
+        except _Up:
+            return sep.join(texts)
+        if not spans or any(t != self.segment(*s) for t, s in zip(texts, spans)) or not all(
+                re.fullmatch(r"(\s|#[^\n]*)*(,|and|or)?(\s|#[^\n]*)*", self.src[z:a]) for (_, z), (a, _) in zip(spans, spans[1:])):
+            return sep.join(texts)
+        start, indent = spans[0][0], self.indent(spans[0][0])
+        above = self.starts.index(self.line_start(start)) - 1
+        while sep == "\n" and above >= 0 and self.starts[above] >= self.floor and self.lines[above].startswith(
+                indent + "#"):  # comments just above the statements, inside the text replaced, go with them
+            start, above = self.starts[above] + len(indent), above - 1
+        return self.segment(start, spans[-1][1])  # contiguous: the engine's own text
+
+    def put(self, start, end, text):
+        self.edits.append((start, end, text))
+
+    def replace(self, old, new, parent=None):
+        start, end = self.span(old)
+        self.floor = start
+        text = bracketed(self.spell(new), new, parent, old)
+        if isinstance(old, ast.If) and self.src.startswith("elif", start) and text.startswith("if"):
+            text = "el" + text
+        self.put(start, end, reindent(text, self.indent(start)))
+
+    def diff(self, old, new, top=False, parent=None):
+        if ast.dump(old) == ast.dump(new):
+            return
+        mark = len(self.edits)
+        try:
+            if type(old) is not type(new) or [v for _, v in ast.iter_fields(old) if not isinstance(v, (ast.AST, list))] \
+                    != [v for _, v in ast.iter_fields(new) if not isinstance(v, (ast.AST, list))]:
+                raise _Up()
+            fields = [("func", old.func, new.func), ("args", old.args + old.keywords, new.args + new.keywords)] \
+                if isinstance(old, ast.Call) else [(f, v, getattr(new, f)) for f, v in ast.iter_fields(old)]
+            for field, value, other in fields:
+                if isinstance(old, ast.If) and field == "orelse" and (_elif(old) or _elif(new)):
+                    self.orelse(old, new)
+                elif isinstance(value, list):  # items come and go in statement blocks and in these
+                    self.items(value, other, " %s " % type(old.op).__name__.lower() if isinstance(old, ast.BoolOp)
+                               else ", " if isinstance(old, (ast.Call, ast.List, ast.Tuple, ast.Set)) else None, old)
+                elif isinstance(value, ast.AST):
+                    self.diff(value, other, parent=old)
+        except _Up:
+            if top:  # the def itself: written whole (render)
+                raise
+            del self.edits[mark:]
+            self.replace(old, new, parent)
+
+    def orelse(self, old, new):
+        """An ``elif`` branch put before another (else the ``if`` statement is written again)."""
+        value, branch = old.orelse, new.orelse[0] if _elif(new) else None
+        if not (_elif(old) and branch):
+            raise _Up()
+        if _dumps(branch.orelse) == _dumps(value):
+            start = self.span(value[0])[0]
+            inner = self.indent(self.span(value[0].body[0])[0], True)
+            self.put(start, start, "elif %s:\n%s%s" % (self.spell(branch.test), "".join(
+                inner + reindent(self.spell(s), inner) + "\n" for s in branch.body), self.indent(start, True)))
         else:
-            indent = self._starts_line(after)
-            self._ends_line(after)
-            line = after.end_lineno + 1
-            self.splices.append(_Splice(line, line - 1, self._text(new, indent), after.end_lineno))
+            self.items(value, new.orelse)
 
-    def block(self, old, new):
-        a, b = [ast.dump(s) for s in old], [ast.dump(s) for s in new]
-        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    def items(self, old, new, sep=None, parent=None):
+        stmts = isinstance((old + new or [None])[0], ast.stmt)
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, _dumps(old), _dumps(new), autojunk=False).get_opcodes():
+            olds, news = old[i1:i2], new[j1:j2]
+            plain = [n for n in news if not getattr(n, "flashfix_marker", False)]
+            prev, nxt = old[i1 - 1] if i1 else None, old[i2] if i2 < len(old) else None
             if tag == "equal":
                 continue
-            if tag == "replace" and i2 - i1 == j2 - j1:
-                for o, n in zip(old[i1:i2], new[j1:j2]):
-                    self.statement(o, n)
-            elif i1 == i2:
-                if i1 < len(old):
-                    self.insert(new[j1:j2], before=old[i1])
+            if olds and len(plain) == len(olds):  # pairs; a one-time marker goes before its statement
+                k = 0
+                for n in news:
+                    if n in plain:
+                        self.diff(olds[k], n, parent=parent)
+                        k += 1
+                    else:
+                        self.insert([n], *((None, olds[k]) if k < len(olds) else (olds[-1], None)), stmts, sep)
+            elif not (stmts or sep):
+                raise _Up()
+            elif not olds:
+                self.insert(news, prev, nxt, stmts, sep)
+            elif not news:
+                start, end = self.span(olds[0])[0], self.span(olds[-1])[1]
+                if stmts:
+                    self.put(start - len(self.indent(start, True)), self.line_end(end), "")
+                elif prev or nxt:
+                    self.put(*((start, self.span(nxt)[0]) if nxt else (self.span(prev)[1], end)), "")
                 else:
-                    self.insert(new[j1:j2], after=old[-1])
-            elif j1 == j2:  # a deletion: the statements' whole lines go
-                self._starts_line(old[i1])
-                self._ends_line(old[i2 - 1])
-                first = _first_line(old[i1])
-                self.splices.append(_Splice(first, old[i2 - 1].end_lineno, [], first))
+                    raise _Up()
             else:
-                unmarked = [s for s in new[j1:j2] if not getattr(s, "flashfix_marker", False)]
-                if len(unmarked) == i2 - i1 and all(type(o) is type(n) for o, n in zip(old[i1:i2], unmarked)):
-                    # markers put before statements that changed otherwise: insert each marker,
-                    # then splice inside the statement that follows it
-                    pending, index = [], i1
-                    for stmt in new[j1:j2]:
-                        if getattr(stmt, "flashfix_marker", False):
-                            pending.append(stmt)
-                            continue
-                        if pending:
-                            self.insert(pending, before=old[index])
-                            pending = []
-                        self.statement(old[index], stmt)
-                        index += 1
-                    if pending:
-                        self.insert(pending, after=old[i2 - 1])
-                else:
-                    self.replace(old[i1:i2], new[j1:j2])
+                start, end = self.span(olds[0])[0], self.span(olds[-1])[1]
+                indent = self.indent(start, stmts)
+                self.put(start, end, ("\n" + indent if stmts else sep).join(reindent(self.spell(n), indent) for n in news))
 
-    def statement(self, old, new):
-        """``old`` became ``new``: splice inside it where only its blocks changed."""
-        if type(old) is not type(new) or _header(old) != _header(new) or not all(
-                len(getattr(old, f, None) or ()) == len(getattr(new, f, None) or ())
-                and all(_header(o) == _header(n) for o, n in zip(getattr(old, f, None) or (), getattr(new, f, None) or ()))
-                for f in ("handlers", "cases")):
-            self.replace([old], [new])
+    def insert(self, news, prev, nxt, stmts, sep):
+        if stmts:
+            start = self.span(nxt or prev)[0]
+            indent = self.indent(start, True)
+            at = start - len(indent) if nxt else self.line_end(self.span(prev)[1])
+            self.put(at, at, "".join(indent + reindent(self.spell(n), indent) + "\n" for n in news))
             return
-        for field in BLOCKS:
-            if isinstance(getattr(old, field, None), list):
-                self.block(getattr(old, field), getattr(new, field))
-        for field in ("handlers", "cases"):
-            for o, n in zip(getattr(old, field, None) or (), getattr(new, field, None) or ()):
-                self.block(o.body, n.body)
-
-
-WIDTH = 100  # a statement longer than this is broken over lines (call arguments, and/or operands)
-
-
-def _operand(node):
-    text = ast.unparse(node)
-    if isinstance(node, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
-        return "(" + text + ")"
-    return text
-
-
-def _targets(assign):
-    """``a, b = `` rather than ``ast.unparse``'s ``(a, b) = ``."""
-    parts = []
-    for target in assign.targets:
-        if isinstance(target, ast.Tuple) and len(target.elts) > 1:
-            parts.append(", ".join(ast.unparse(e) for e in target.elts))
+        texts = [self.spell(n) for n in news]
+        start, end = self.span(prev)  # _Up without one: the list is written again
+        indent = self.indent(start)
+        tail = re.match(r"[ \t]*(,?)[ \t]*(#[^\n]*)?\n", self.src[end:])
+        if tail and sep == ", " and not self.src[self.line_start(start):start].strip():  # one item a line: so these
+            at, texts = (end + tail.end(), [indent + reindent(t, indent) + ",\n" for t in texts]) if tail.group(1) \
+                else (end, [",\n" + indent + reindent(t, indent) for t in texts])
         else:
-            parts.append(ast.unparse(target))
-    return " = ".join(parts) + " = "
+            at, texts = end, [sep + reindent(t, indent) for t in texts]
+        self.put(at, at, "".join(texts))
 
+    def text(self, first, last):
+        """Lines ``first``..``last`` with the changes made, and the installed line each reports as."""
+        out, line_map, position = [], [], self.starts[first - 1]
 
-def _broken(prefix, value, indent):
-    """``prefix + value`` over several lines, or None when ``value`` is not a call or and/or."""
-    inner = indent + "    "
-    if isinstance(value, ast.Call):
-        items = [ast.unparse(a) for a in value.args]
-        items += [("%s=" % k.arg if k.arg else "**") + ast.unparse(k.value) for k in value.keywords]
-        return ([indent + prefix + ast.unparse(value.func) + "("] + [inner + item + "," for item in items]
-                + [indent + ")"])
-    if isinstance(value, ast.BoolOp):
-        word = "and" if isinstance(value.op, ast.And) else "or"
-        operands = [_operand(v) for v in value.values]
-        return ([indent + prefix + "("] + [inner + operands[0]] + [inner + word + " " + o for o in operands[1:]]
-                + [indent + ")"])
-    return None
+        def emit(text, line_at):
+            for k, part in enumerate(re.findall(r"[^\n]*\n|[^\n]+", text)):
+                if not out or out[-1].endswith("\n"):
+                    line_map.append(line_at(k))
+                out.append(part)
 
+        def line(offset):
+            return bisect.bisect_right(self.starts, offset)
 
-def _format(stmt, indent, keyword_prefix="", spread=False):
-    """Source lines of ``stmt`` at ``indent``: ``ast.unparse``, with a statement longer than
-    ``WIDTH`` (or any, with ``spread``) broken at its call arguments or and/or operands, and
-    ``if`` blocks laid out statement by statement so that their statements are broken too. Whatever this writes
-    is parsed back and compared with the edit before use (``render``)."""
-    lines = ast.unparse(stmt).split("\n")
-    if isinstance(stmt, ast.Assign) and len(lines) == 1:
-        lines = [_targets(stmt) + ast.unparse(stmt.value)]
-    if len(lines) == 1 and not spread and len(indent) + len(keyword_prefix) + len(lines[0]) <= WIDTH:
-        return [indent + keyword_prefix + lines[0]]
-    if isinstance(stmt, ast.If):
-        out = [indent + keyword_prefix + "if " + ast.unparse(stmt.test) + ":"]
-        for child in stmt.body:
-            out.extend(_format(child, indent + "    "))
-        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
-            out.extend(_format(stmt.orelse[0], indent, "el"))
-        elif stmt.orelse:
-            out.append(indent + "else:")
-            for child in stmt.orelse:
-                out.extend(_format(child, indent + "    "))
-        return out
-    if len(lines) == 1 and not keyword_prefix:
-        broken = None
-        if isinstance(stmt, ast.Expr):
-            broken = _broken("", stmt.value, indent)
-        elif isinstance(stmt, ast.Assign):
-            broken = _broken(_targets(stmt), stmt.value, indent)
-        elif isinstance(stmt, ast.Return) and stmt.value is not None:
-            broken = _broken("return ", stmt.value, indent)
-        if broken is not None:
-            return broken
-    return [indent + keyword_prefix + line for line in lines]
+        for start, end, text in sorted(self.edits, key=lambda e: e[:2]):
+            if start < position:
+                raise RenderError("overlapping changes")
+            emit(self.src[position:start], lambda k, base=line(position): base + k)
+            emit(text, lambda k, a=line(start), z=line(max(start, end - 1)): min(a + k, z, last))
+            position = end
+        emit(self.src[position:self.starts[last]], lambda k, base=line(position): base + k)
+        return "".join(out), line_map
 
 
 class Rendered:
@@ -318,29 +335,6 @@ def _same(text, line_map, expected):
     return ast.dump(parsed) == ast.dump(expected)
 
 
-def _splice(lines, start, end, original, edited):
-    splicer = _Splicer(lines)
-    if _header(original) != _header(edited):
-        raise _Unsplicable()
-    splicer.block(original.body, edited.body)
-    out, line_map = [], []
-    number = start
-    for splice in sorted(splicer.splices, key=lambda s: (s.first, s.last)):
-        if splice.first < number:
-            raise _Unsplicable()  # overlapping changes
-        out.extend(lines[number - 1:splice.first - 1])  # the unchanged lines before it
-        line_map.extend(range(number, splice.first))
-        out.extend(splice.new)
-        if splice.last >= splice.first:  # a replacement: line k reports as installed line first + k, at most last
-            line_map.extend(min(splice.first + k, splice.last) for k in range(len(splice.new)))
-        else:  # an insertion: as the line it is put before (or after)
-            line_map.extend([splice.at] * len(splice.new))
-        number = splice.last + 1
-    out.extend(lines[number - 1:end])
-    line_map.extend(range(number, end + 1))
-    return out, line_map
-
-
 def render(text, original, edited, origin=None):
     """``Rendered`` for the def node ``original`` (parsed from the module source ``text``)
     edited into ``edited`` (a copy of it, changed in place by a patch's edit; statements made
@@ -355,11 +349,12 @@ def render(text, original, edited, origin=None):
     for version in (MARKED, PLAIN):
         expected = edited if version == MARKED else _strip_markers(copy.deepcopy(edited))
         try:
-            out, line_map = _splice(lines, start, end, original, expected)
-            candidate = "".join(out)
+            writer = Writer(lines, version == MARKED)
+            writer.diff(original, expected, top=True)
+            candidate, line_map = writer.text(start, end)
             if not _same(candidate, line_map, expected):
-                raise _Unsplicable()
-        except _Unsplicable:
+                raise RenderError("the text does not parse back to the edit")
+        except Exception:  # a change the installed text cannot hold (the whole function below is checked too)
             whole.append(version)
             unparsed = ast.unparse(expected).split("\n")
             line_map = [min(start + i, end) for i in range(len(unparsed))]

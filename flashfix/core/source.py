@@ -610,11 +610,7 @@ def rewrite(func, edit):
 
 def render_edit(text, original, edited, origin=None):
     """The function ``original`` (a def node of the module source ``text``) once edited into
-    ``edited``, as source text: a ``_render.Rendered``, with and without the marker. ``rewrite``
-    compiles from it and ``flashfix diff`` prints it. ShapeError if it cannot be written."""
+    ``edited``, as source text (``_render.render``: ``rewrite`` compiles it, ``flashfix diff`` prints it)."""
     from flashfix.core import render as _render
 
-    try:
-        return _render.render(text, original, edited, origin)
-    except _render.RenderError as exc:
-        raise ShapeError(str(exc)) from exc
+    return _render.render(text, original, edited, origin)

@@ -14,8 +14,11 @@ def _add_sources(parser):
                              "environment (e.g. an SGLang wheel and a FlashInfer wheel)")
     parser.add_argument("--python", dest="sources", action="append", type=lambda value: ("python", value),
                         metavar="EXE",
-                        help="read the environment of the interpreter EXE (it is asked where modules and "
-                             "distributions are; no engine is imported there)")
+                        help="read the environment of the interpreter EXE: runs EXE (its start-up, .pth files "
+                             "included) on a small standard-library program that says where modules and "
+                             "distributions are; no engine is imported there")
+    parser.add_argument("--run-packs", action="store_true", help="with --path/--python: import the patch packs "
+                        "found there, EXECUTING their code here, to judge them (else they are named, not run)")
 
 
 def open_sources(sources):
@@ -79,6 +82,8 @@ def main(argv=None):
         opened = []  # open_sources closes what it opened when it fails
         try:
             reader, opened = open_sources(args.sources)
+            if reader is not None:
+                reader.run_packs = args.run_packs
             if args.command == "doctor":
                 from flashfix.tools import doctor as _doctor
 

@@ -6,7 +6,8 @@ says would apply is planned from that source alone:
 
 * a rewritten function (``_registry.rewrite``): the patch's own AST edit is run on the def
   node read from the source, and ``_source.render_edit`` writes the result back as text: the
-  installed lines with only the changed statements replaced. That is the very text the
+  installed text with only what changed rewritten, in the engine's and the declaration's
+  spelling (``flashfix.core.render``). That is the very text the
   runtime compiles (``_source.rewrite`` compiles from ``render_edit``'s output), so the diff
   printed is the code that runs. The one-time marker statement (``__flashfix_mark__``),
   present until the rewritten code first runs, is named in the header; ``--marker`` shows
@@ -272,7 +273,7 @@ def _marker_lines(rendered):
     for line, at in zip(_lines(rendered.text(rendered.MARKED)), rendered.line_map(rendered.MARKED)):
         if _source.MARK_NAME in line and line not in plain:
             text = line.strip()
-            out.append((text if text.endswith(")") else text + "...)", at))  # a call spread over lines
+            out.append((text, at))
     return out
 
 
@@ -326,7 +327,7 @@ def _write_rewrite(change, out, marker):
                       "# fix ran (status()['ran']) at the first run, then the same code without that line is swapped in\n"
                       % (text, at))
     if rendered.whole:
-        out.write("# the function is written whole by ast.unparse (a line-level splice could not express the edit)\n")
+        out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
     version = rendered.MARKED if marker else rendered.PLAIN
     out.writelines(_file_diff(change.text, rendered, version))
 
@@ -374,9 +375,11 @@ def run(ids=None, reader=None, marker=False, out=None):
         return 2
     diffs = plan(ids, reader)
     errors = list(getattr(reader, "errors", None) or ())
+    from flashfix.tools import doctor as _doctor
+
+    for problem in errors or _doctor.pack_problems(reader):  # packs not loaded (or not run) are named
+        sys.stderr.write("flashfix diff: %s\n" % problem)
     if errors:
-        for problem in errors:
-            sys.stderr.write("flashfix diff: %s\n" % problem)
         return 2
     if reader is not None:
         out.write("environment read: %s\n" % reader.describe())

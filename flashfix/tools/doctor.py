@@ -136,8 +136,9 @@ def run(as_json=False, strict=False, out=None, reader=None):
         widths = [max(len(str(row[i])) for row in table + [headers]) for i in range(4)]
         line = "  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4]
         out.write(line + "\n")
-        for row, r in zip(table, rows):
-            out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4] + "\n")
+        for row, r in zip(table, rows):  # a reason's later lines (a pattern of several lines) under its first
+            out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4].replace(
+                "\n", "\n" + " " * (sum(widths) + 8)) + "\n")
             for source in r["sources"]:
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
