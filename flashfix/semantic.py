@@ -56,9 +56,11 @@ The rest of this module's documentation is the comment block below.
 import ast
 import builtins
 import copy
+import difflib
 import functools
 import importlib
 import re
+import textwrap
 
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
@@ -80,9 +82,12 @@ class Block(ast.AST):
         self.lineno = body[0].lineno if body and hasattr(body[0], "lineno") else 0
 
 
-def pattern(text):
+def pattern(text, keyword="pattern"):
     """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    body = ast.parse(text.strip().replace("$$$", MANY).replace("$", ONE)).body
+    try:
+        body = ast.parse(textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)).body
+    except SyntaxError as exc:
+        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _unmangle(exc.msg), exc.lineno, text)) from None
     if len(body) > 1:
         return Block(body)
     return body[0].value if isinstance(body[0], ast.Expr) else body[0]
@@ -178,8 +183,9 @@ def find(p, scopes, given=None):
     """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
     starting from ``given``."""
     found = []
-    for scope in scopes:
-        for node in ast.walk(scope):
+    for scope in scopes:  # a class body or a module: its own statements, not those of its defs
+        for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in ast.walk(s)] if (
+                isinstance(scope, (ast.ClassDef, ast.Module))) else ast.walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``
                 for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
                     for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
@@ -245,8 +251,16 @@ def _text(value):
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
+def _unmangle(text):
+    return text.replace(MANY, "$$$").replace(ONE, "$")
+
+
 def _show(node):
-    return _text(node).replace(MANY, "$$$").replace(ONE, "$")
+    return _unmangle(_text(node))
+
+
+def _metavariables(text):
+    return set(re.findall(r"\$+(\w+)", text or ""))
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
@@ -275,6 +289,14 @@ def _own_function(owner, name, module):
     raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
 
 
+_BODIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
+
+
+def _target(tree, qualname):
+    """The def or class ``qualname`` names in ``tree`` (a module's AST), the module itself for None."""
+    return (_source.find_def(tree, qualname) if qualname else tree) if isinstance(tree, ast.Module) else None
+
+
 def function_at(module, qualname):
     """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) of ``module``."""
     owner = module
@@ -296,30 +318,31 @@ class Rule:
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
-        self.module, self.function = module, function
-        self.after, before = pattern(after), pattern(before)
+        self.module, self.function, self.name = module, function, function or module
+        self.unbound = sorted(_metavariables(after) - _metavariables(before) - _metavariables(where) - {"SELF", "RAN", "_"})
+        self.after, before = pattern(after, "after"), pattern(before, "before")
         if isinstance(self.after, (ast.stmt, Block)) and isinstance(before, ast.expr):
             before = ast.Expr(before)
         if isinstance(self.after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
             self.after, before = (x if isinstance(x, Block) else Block([x]) for x in (self.after, before))
         self.before = before
-        self.where = pattern(where) if where else None
-        self.inside = pattern(inside) if inside else None
+        self.where = pattern(where, "where") if where else None
+        self.inside = pattern(inside, "inside") if inside else None
         self.word = absent_unless_mentioned
         self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
-        self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
+        self.fixed_if = [pattern(f, "fixed_if") for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
         self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
-        self.fixed = fixed or "%s has the fixed form `{form}`" % function
-        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, _show(
+        self.fixed = fixed or "%s has the fixed form `{form}`" % self.name
+        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (self.name, _show(
             before.value if isinstance(before, ast.Expr) else before))
 
     def _scopes(self, func):
         return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]
 
     def _given(self, func, given=None):
-        args = func.args.posonlyargs + func.args.args
+        args = func.args.posonlyargs + func.args.args if hasattr(func, "args") else ()
         return dict(given or {}, **({"SELF": ast.Name(args[0].arg, ast.Load())} if args else {}))
 
     def fixed_form(self, func, scopes=None):
@@ -338,7 +361,7 @@ class Rule:
 
     def site(self, func, tree=None, given=None):
         """``([(node, bindings)] or None, Shape)`` for the def node ``func`` (None: not there)."""
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if not isinstance(func, _BODIES):
             return None, Shape(ABSENT, "%s has no function %s" % (self.module, self.function))
         scopes, given = self._scopes(func), self._given(func, given)
         fixed = self.fixed_form(func, scopes)
@@ -348,7 +371,7 @@ class Rule:
         found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
         if len(found) > 1 and not self.every:
             return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
-                _show(self.before), self.function, len(found), ", ".join(str(n.lineno) for n, _ in found)))
+                _show(self.before), self.name, len(found), ", ".join(str(n.lineno) for n, _ in found)))
         stray = self._stray(scopes, found) if self.every else None
         if stray is not None:
             return None, Shape(UNKNOWN, "`%s` at line %d is not of the form `%s`" % (
@@ -363,7 +386,7 @@ class Rule:
             if context is not None and (
                     len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items())):
                 return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
-                    _show(self.before), node.lineno, self.function, len(context), _show(self.where),
+                    _show(self.before), node.lineno, self.name, len(context), _show(self.where),
                     "whose bindings differ" if len(context) == 1 else "(expected one)"))
             twice = [k.arg for c in ast.walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
                      for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
@@ -381,11 +404,11 @@ class Rule:
 
     def _say(self, text, func, node, b, **more):
         values = dict({k: _text(v) for k, v in b.items()}, **more)
-        return text.format(line=node.lineno, name=func.name, **values)
+        return text.format(line=node.lineno, name=getattr(func, "name", self.name), **values)
 
     def _missing(self, func, scopes, tree):
         if self.word and tree is not None and _mention(tree, self.word) is None:
-            owner = _source.find_def(tree, self.function.split(".")[0]) if "." in self.function else None
+            owner = _source.find_def(tree, self.function.split(".")[0]) if "." in (self.function or "") else None
             if isinstance(owner, ast.ClassDef) and (owner.keywords or any(
                     not (isinstance(base, ast.Name) and base.id == "object") for base in owner.bases)):
                 return Shape(UNKNOWN, "%s never mentions %s, but %s has a base class that might set it"
@@ -398,7 +421,7 @@ class Rule:
                 and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
         where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
         if not near:
-            return Shape(UNKNOWN, "no `%s` in %s%s" % (_show(p), self.function, where))
+            return Shape(UNKNOWN, "no `%s` in %s%s" % (_show(p), self.name, where))
         node = near[0]
         if isinstance(p, ast.Call):
             wanted = [k.arg for k in p.keywords if k.arg]
@@ -427,7 +450,7 @@ class Rule:
         for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
             new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
             _put(func_def, node, new)
-            if not self.ran and number == 0:
+            if not self.ran and number == 0 and mark is not None:  # None: a class body or module, no marker
                 _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
             news.append(new)
         if names is not None:
@@ -471,7 +494,7 @@ class Declaration:
             if found is None or found.text is None:
                 continue
             try:
-                node = _source.find_def(_source.Module(found.text, found.origin), qualname)
+                node = _target(_source.Module(found.text, found.origin), qualname)
             except (ShapeError, SyntaxError, ValueError):
                 node = True  # defined, but not readably: the probe says why
             if node is not None:
@@ -489,8 +512,8 @@ class Declaration:
         trees, defs = {} if trees is None else trees, []
         for modname, qualname in self.sites:
             tree = trees[modname] = tree_of(modname)
-            node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node = _target(tree, qualname)
+            if isinstance(node, _BODIES):
                 defs.append((modname, qualname, node))
         return defs
 
@@ -508,7 +531,7 @@ class Declaration:
                 modname, qualname = rule.module, rule.function
                 if modname not in trees:
                     trees[modname] = tree_of(modname)
-                func = _source.find_def(trees[modname], qualname) if isinstance(trees[modname], ast.Module) else None
+                func = _target(trees[modname], qualname)
             fixed = rule.fixed_form(func) if func is not None else None
             if fixed is not None:
                 return fixed, None, None
@@ -527,11 +550,11 @@ class Declaration:
             if shape.kind != BUGGY:
                 return shape, None, None
             first = first or shape
-            out.append((rule, modname, qualname, found))
+            out.append((rule, modname, qualname, func))
         return first, out, given
 
     def _absent(self, trees, defs):
-        rule, names = self.hunks[0], " or ".join(sorted({q.rsplit(".", 1)[-1] for _, q in self.sites}))
+        rule, names = self.hunks[0], " or ".join(sorted({(q or m).rsplit(".", 1)[-1] for m, q in self.sites}))
         if len(defs) > 1:
             return Shape(UNKNOWN, "expected one %s, found %s" % (names, ", ".join("%s:%s" % d[:2] for d in defs)))
         sourceless = [m for m, t in trees.items() if t is _source.SOURCELESS]
@@ -544,7 +567,8 @@ class Declaration:
                                                           % ", ".join(trees), "".join(
                 ", but %s mentions %r (line %d)" % (m, next(w for w in words(n) if rule.word.lower() in w.lower())[:50],
                                                     n.lineno)
-                for m, n in said.items() if n is not None)))
+                for m, n in said.items() if n is not None) or ": moved or renamed? (with absent_unless_mentioned=WORD, "
+                "a release whose module never mentions WORD is not-affected)"))
         missing = [m for m, t in trees.items() if t is None]
         return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
             ", ".join(read), names, rule.word, "; no module %s" % ", ".join(missing) if missing else ""))
@@ -564,10 +588,16 @@ class Declaration:
         if self.check is not None:
             self.check(module)
         names, swaps = set(), []
-        for rule, modname, qualname, _ in located:
+        for rule, modname, qualname, node in located:
             target = modules.get(modname) or importlib.import_module(modname)
             edit = functools.partial(rule.edit, given=given, names=names)
-            swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+                continue
+            owner = functools.reduce(lambda o, n: getattr(o, n, None), qualname.split("."), target) if qualname else target
+            if qualname and getattr(owner, "__qualname__", None) != qualname:
+                raise ShapeError("%s has no class %s" % (modname, qualname))
+            swaps.append(_Run(self.id, owner, target, _body(_source.module_ast(modname, modules), node, edit)[1]))
         adds = []
         for name in sorted(names):
             if hasattr(module, name):
@@ -584,8 +614,14 @@ class Declaration:
 
         located, given = self._plan(_source.module_ast)
         names, start = set(), len(planner.changes)
-        for rule, modname, qualname, _ in located:
-            planner.rewrite(modname, qualname, functools.partial(rule.edit, given=given, names=names))
+        for rule, modname, qualname, node in located:
+            edit = functools.partial(rule.edit, given=given, names=names)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                planner.rewrite(modname, qualname, edit)
+            else:
+                tree = _source.module_ast(modname)
+                planner.changes.append(_diff.Rewrite(self.id, modname, qualname, tree.flashfix_origin, tree.flashfix_text,
+                                                     _body(tree, node, edit)[0], None, None))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
         for name in sorted(n for n in names if not _diff.binds(modname, n)):
@@ -597,8 +633,61 @@ class Declaration:
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 
+def _body(tree, node, edit, runs=True):
+    """``(Rendered, code)``: the statements of a class body or a module's top level (``node``, of the
+    module AST ``tree``) that ``edit`` changes, as ``flashfix diff`` prints them and as the runtime
+    runs them (compiled from that very text)."""
+    from flashfix.core import render as _render
+
+    edited, lines, old = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body
+    edit(edited, None)
+    ops = difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False).get_opcodes()
+    changed = [o for o in ops if o[0] != "equal"]
+    if not changed or runs and any(o[0] == "delete" for o in changed):
+        raise ShapeError("%s: a backport of a class body or module top level can add or change statements, not "
+                         "only remove them" % (getattr(node, "name", None) or "the module"))
+    first, last, out, run = changed[0][1], changed[-1][2], [], []
+    start = _render._first_line(old[first]) if first < len(old) else old[-1].end_lineno + 1
+    for tag, i1, i2, j1, j2 in ops[ops.index(changed[0]):ops.index(changed[-1]) + 1]:
+        piece = [lines[old[0].lineno - 1][:old[0].col_offset] + line + "\n" for s in edited.body[j1:j2]
+                 for line in ast.unparse(s).split("\n")] if tag != "equal" else []
+        out += piece if tag != "equal" else lines[_render._first_line(old[i1]) - 1:old[i2 - 1].end_lineno]
+        run += piece
+    text = "".join(run)
+    parsed = ast.parse(textwrap.dedent(text))
+    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for o in changed for s in edited.body[o[3]:o[4]]]:
+        raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)
+    end = old[last - 1].end_lineno if last > first else start - 1
+    rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:end]), dict.fromkeys(
+        (_render.MARKED, _render.PLAIN), "".join(out)), dict.fromkeys((_render.MARKED, _render.PLAIN), ()), ())
+    return rendered, compile(ast.increment_lineno(parsed, start - 1), tree.flashfix_origin, "exec")
+
+
+class _Run:
+    """The new statements of a class body or a module's top level, run in its namespace when the
+    patch applies (``status()['ran']`` from then): the names they bind are set on it (``SetAttr``)."""
+
+    def __init__(self, patch_id, owner, module, code):
+        self.patch_id, self.owner, self.module, self.code, self.sets = patch_id, owner, module, code, []
+
+    def apply(self):
+        space = dict(vars(self.owner)) if isinstance(self.owner, type) else {}
+        exec(self.code, vars(self.module), space)
+        self.sets = [_registry.SetAttr(self.owner, k, v) for k, v in space.items() if vars(self.owner).get(k, space) is not v]
+        for change in self.sets:
+            change.apply()
+        _registry.note_ran(self.patch_id)
+
+    def undo(self):
+        for change in reversed(self.sets):
+            change.undo()
+
+    def __repr__(self):
+        return ", ".join(map(repr, self.sets)) or "%s (statements)" % getattr(self.owner, "__name__", self.owner)
+
+
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
-             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, **rule):
+             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, **rule):
     """A declarative backport (see the module docstring), as a registry ``Patch``: one hunk
     from ``module``/``function``/``before``/``after`` and the ``Rule`` keywords, and/or the
     ``Rule`` objects ``hunks``, applied together. ``sites``: ``((module, function), ...)`` where
@@ -611,10 +700,13 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
+    unbound = [(h.function, v) for h in hunks for v in h.unbound] if context is None else []
+    if unbound:
+        raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))
     decl = Declaration(id, hunks, sites, needs, context, check)
     return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
                  upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,
-                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl)
+                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl, requires=requires)
 
 
 def derive_prefix(patch, text):
@@ -627,16 +719,24 @@ def derive_prefix(patch, text):
     if not rule.derivable:
         raise ValueError("%s: its after-form is not upstream's (fixed_if, or several hunks): nothing to turn back"
                          % rule.hunks[0].function)
-    rule = rule.hunks[0]
-    func = _source.find_def(ast.parse(text), rule.function)
-    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        raise ValueError("%s has no function %s" % (rule.module, rule.function))
-    edited = copy.deepcopy(func)
-    found = find(rule.after, rule._scopes(edited))
-    if len(found) != 1:
-        raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.function, len(found)))
-    _put(edited, found[0][0], build(rule.before, found[0][1]))
-    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited))
+    rule, tree = rule.hunks[0], _source.Module(text, "<derived>")
+    func = _target(tree, rule.function)
+    if not isinstance(func, _BODIES):
+        raise ValueError("%s has no function %s" % (rule.module, rule.name))
+
+    def turn_back(edited, _):
+        found = find(rule.after, rule._scopes(edited))
+        if len(found) != 1:
+            raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.name, len(found)))
+        try:
+            _put(edited, found[0][0], build(rule.before, found[0][1]))
+        except KeyError as exc:
+            raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
+                             % (rule.name, exc.args[0])) from None
+        return ast.fix_missing_locations(edited)
+
+    rendered = _body(tree, func, turn_back, False)[0] if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+        else _source.render_edit(text, func, turn_back(copy.deepcopy(func), None))
     lines = _render._lines(text)
     return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
         _render._lines(rendered.before)):])

@@ -75,7 +75,8 @@ Patch = namedtuple("Patch", [
     "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
     "doc",  # why / how / when to delete (a declarative backport's; optional)
     "rule",  # the declaration (``semantic.Declaration``: its hunks, sites, hooks), or None for a hand-written patch
-], defaults=(None, None, None))
+    "requires",  # {distribution: PEP 440 specifiers} the fixed code needs, read where the engine is; unmet: unknown-shape
+], defaults=(None, None, None, None))
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------
@@ -404,16 +405,17 @@ def engine_version(dist):
     return _locate.version(dist)
 
 
-def in_range(patch, version):
-    """Whether ``version`` is in the patch's declared range (pre-releases admitted); a version
-    that is not PEP 440 is outside every range (packaging decides both)."""
+def in_range(patch, version, specifiers=None):
+    """Whether ``version`` is in the patch's declared range (or in ``specifiers``; pre-releases
+    admitted); a version that is not PEP 440 is outside every range (packaging decides both)."""
     if version is None:
-        return True  # a source checkout without metadata: the shape gate decides alone
+        return specifiers is None  # a source checkout without metadata: the shape gate decides alone
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
     try:
-        return SpecifierSet(patch.versions, prereleases=True).contains(Version(version), prereleases=True)
+        return SpecifierSet(patch.versions if specifiers is None else specifiers, prereleases=True).contains(
+            Version(version), prereleases=True)
     except InvalidVersion:
         return False
 
@@ -443,8 +445,11 @@ def judge(patch, trees, version):
     if shape.kind == ABSENT:
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
+        unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed")
+                 for d, s in sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
         if in_range(patch, version):
-            return "patch", shape.reason
+            return ("unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
+                    ) if unmet else ("patch", shape.reason)
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason
