@@ -87,7 +87,7 @@ def pattern(text, keyword="pattern"):
     try:
         body = ast.parse(textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)).body
     except SyntaxError as exc:
-        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _unmangle(exc.msg), exc.lineno, text)) from None
+        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _show(exc.msg), exc.lineno, text)) from None
     if len(body) > 1:
         return Block(body)
     return body[0].value if isinstance(body[0], ast.Expr) else body[0]
@@ -251,16 +251,8 @@ def _text(value):
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
-def _unmangle(text):
-    return text.replace(MANY, "$$$").replace(ONE, "$")
-
-
 def _show(node):
-    return _unmangle(_text(node))
-
-
-def _metavariables(text):
-    return set(re.findall(r"\$+(\w+)", text or ""))
+    return _text(node).replace(MANY, "$$$").replace(ONE, "$")
 
 
 _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
@@ -319,7 +311,8 @@ class Rule:
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
         self.module, self.function, self.name = module, function, function or module
-        self.unbound = sorted(_metavariables(after) - _metavariables(before) - _metavariables(where) - {"SELF", "RAN", "_"})
+        names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
+        self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
         self.after, before = pattern(after, "after"), pattern(before, "before")
         if isinstance(self.after, (ast.stmt, Block)) and isinstance(before, ast.expr):
             before = ast.Expr(before)
@@ -593,11 +586,11 @@ class Declaration:
             edit = functools.partial(rule.edit, given=given, names=names)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
-                continue
-            owner = functools.reduce(lambda o, n: getattr(o, n, None), qualname.split("."), target) if qualname else target
-            if qualname and getattr(owner, "__qualname__", None) != qualname:
-                raise ShapeError("%s has no class %s" % (modname, qualname))
-            swaps.append(_Run(self.id, owner, target, _body(_source.module_ast(modname, modules), node, edit)[1]))
+                continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
+            owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
+            space = dict(vars(owner))
+            exec(_body(_source.module_ast(modname, modules), node, edit)[1], vars(target), space)
+            swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items() if vars(owner).get(k, space) is not v]
         adds = []
         for name in sorted(names):
             if hasattr(module, name):
@@ -634,56 +627,27 @@ class Declaration:
 
 
 def _body(tree, node, edit, runs=True):
-    """``(Rendered, code)``: the statements of a class body or a module's top level (``node``, of the
-    module AST ``tree``) that ``edit`` changes, as ``flashfix diff`` prints them and as the runtime
-    runs them (compiled from that very text)."""
+    """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
+    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text)."""
     from flashfix.core import render as _render
 
-    edited, lines, old = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body
+    edited, lines, old, versions = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
     edit(edited, None)
-    ops = difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False).get_opcodes()
-    changed = [o for o in ops if o[0] != "equal"]
-    if not changed or runs and any(o[0] == "delete" for o in changed):
-        raise ShapeError("%s: a backport of a class body or module top level can add or change statements, not "
-                         "only remove them" % (getattr(node, "name", None) or "the module"))
-    first, last, out, run = changed[0][1], changed[-1][2], [], []
-    start = _render._first_line(old[first]) if first < len(old) else old[-1].end_lineno + 1
-    for tag, i1, i2, j1, j2 in ops[ops.index(changed[0]):ops.index(changed[-1]) + 1]:
-        piece = [lines[old[0].lineno - 1][:old[0].col_offset] + line + "\n" for s in edited.body[j1:j2]
-                 for line in ast.unparse(s).split("\n")] if tag != "equal" else []
-        out += piece if tag != "equal" else lines[_render._first_line(old[i1]) - 1:old[i2 - 1].end_lineno]
-        run += piece
-    text = "".join(run)
+    changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False)
+               .get_opcodes() if o[0] != "equal"]
+    if len(changed) != 1 or runs and changed[0][0] == "delete":
+        raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
+                         % (getattr(node, "name", None) or tree.flashfix_origin))
+    _, i, j, k, m = changed[0]
+    start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
+    text = "".join(lines[old[0].lineno - 1][:old[0].col_offset] + line + "\n" for s in edited.body[k:m]
+                   for line in ast.unparse(s).split("\n"))
     parsed = ast.parse(textwrap.dedent(text))
-    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for o in changed for s in edited.body[o[3]:o[4]]]:
+    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
         raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)
-    end = old[last - 1].end_lineno if last > first else start - 1
-    rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:end]), dict.fromkeys(
-        (_render.MARKED, _render.PLAIN), "".join(out)), dict.fromkeys((_render.MARKED, _render.PLAIN), ()), ())
+    rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:old[j - 1].end_lineno if j > i else 0]),
+                                dict.fromkeys(versions, text), dict.fromkeys(versions, ()), ())
     return rendered, compile(ast.increment_lineno(parsed, start - 1), tree.flashfix_origin, "exec")
-
-
-class _Run:
-    """The new statements of a class body or a module's top level, run in its namespace when the
-    patch applies (``status()['ran']`` from then): the names they bind are set on it (``SetAttr``)."""
-
-    def __init__(self, patch_id, owner, module, code):
-        self.patch_id, self.owner, self.module, self.code, self.sets = patch_id, owner, module, code, []
-
-    def apply(self):
-        space = dict(vars(self.owner)) if isinstance(self.owner, type) else {}
-        exec(self.code, vars(self.module), space)
-        self.sets = [_registry.SetAttr(self.owner, k, v) for k, v in space.items() if vars(self.owner).get(k, space) is not v]
-        for change in self.sets:
-            change.apply()
-        _registry.note_ran(self.patch_id)
-
-    def undo(self):
-        for change in reversed(self.sets):
-            change.undo()
-
-    def __repr__(self):
-        return ", ".join(map(repr, self.sets)) or "%s (statements)" % getattr(self.owner, "__name__", self.owner)
 
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802

@@ -85,14 +85,16 @@ _MISSING = object()
 
 
 class SetAttr:
-    """``setattr(owner, name, value)``; undone only if the attribute still holds ``value``."""
+    """``setattr(owner, name, value)``; undone only if the attribute still holds ``value``. With
+    ``ran``, a patch id: applying it is that patch's run (a class body's or module's new statements)."""
 
-    def __init__(self, owner, name, value):
-        self.owner, self.name, self.value = owner, name, value
+    def __init__(self, owner, name, value, ran=None):
+        self.owner, self.name, self.value, self.ran = owner, name, value, ran
         self.old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else getattr(owner, name, _MISSING)
 
     def apply(self):
         setattr(self.owner, self.name, self.value)
+        note_ran(self.ran)
 
     def undo(self):
         current = self.owner.__dict__.get(self.name, _MISSING)
