@@ -35,16 +35,17 @@ The rest of this module's documentation is the comment block below.
 # function's first parameter; a ``$RAN`` statement in ``after`` places the one-time marker.
 #
 # Derived from the one declaration:
-# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
-#   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
-#   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
+# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
+#   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
+#   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
 #   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
 #   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
 #   the metavariables);
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
 #   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``,
-#   a one-time marker at ``$RAN`` or before the edited statement); every name the new code reads
-#   must be a local, a builtin or a global of the module, or the patch is refused whole;
+#   a one-time marker at ``$RAN`` or before the edited statement), or, where ``function`` names a
+#   class or is None (the module), the changed statements run there and what they bind is set on it
+#   (``SetAttr``); every name the new code reads must be a local, a builtin or a global of the module;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
@@ -659,7 +660,8 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     for globals the new code reads that the target module may lack (taken from that module);
     ``context(tree, func)``: a procedural hook for what a pattern cannot say, returning
     bindings for ``after`` or a Shape that decides (a ShapeError: unknown shape); ``check(module)``: raises ShapeError to
-    refuse at apply time, on what only the imported code can tell."""
+    refuse at apply time, on what only the imported code can tell; ``requires``: ``{distribution: specifiers}``
+    the fixed code needs (see ``Patch``)."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
@@ -687,20 +689,17 @@ def derive_prefix(patch, text):
     func = _target(tree, rule.function)
     if not isinstance(func, _BODIES):
         raise ValueError("%s has no function %s" % (rule.module, rule.name))
-
-    def turn_back(edited, _):
-        found = find(rule.after, rule._scopes(edited))
-        if len(found) != 1:
-            raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.name, len(found)))
-        try:
-            _put(edited, found[0][0], build(rule.before, found[0][1]))
-        except KeyError as exc:
-            raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
-                             % (rule.name, exc.args[0])) from None
-        return ast.fix_missing_locations(edited)
-
-    rendered = _body(tree, func, turn_back, False)[0] if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-        else _source.render_edit(text, func, turn_back(copy.deepcopy(func), None))
+    edited = copy.deepcopy(func)
+    found = find(rule.after, rule._scopes(edited))
+    if len(found) != 1:
+        raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.name, len(found)))
+    try:
+        _put(edited, found[0][0], build(rule.before, found[0][1]))
+    except KeyError as exc:
+        raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
+                         % (rule.name, exc.args[0])) from None
+    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited)) if isinstance(func, (
+        ast.FunctionDef, ast.AsyncFunctionDef)) else _body(tree, func, lambda e, _: setattr(e, "body", edited.body), False)[0]
     lines = _render._lines(text)
     return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
         _render._lines(rendered.before)):])
