@@ -540,9 +540,11 @@ class Declaration:
                 return given, None, None
         out, first = [], None
         for rule, modname, qualname, func in located:
-            found, shape = rule.site(func, trees[modname], given)
+            shape = rule.site(func, trees[modname], given)[1]
             if shape.kind != BUGGY:
                 return shape, None, None
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
+                _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
             out.append((rule, modname, qualname, func))
         return first, out, given

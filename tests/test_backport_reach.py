@@ -168,6 +168,13 @@ def test_a_module_top_level_target_on_real_vllm_source():
                               doc="Delete when: never", before="return apply_top_k_top_p_pytorch($L, $K, $P)",
                               after="return apply_top_k_top_p_pytorch($L, $K, $P, 1)", **MODULE_CONSTANT)
     assert probe(inner, text).kind == _registry.UNKNOWN, probe(inner, text)
+    # what the runtime would refuse (two separate runs of changed statements), the doctor refuses too
+    two = semantic.Backport(id="t-two", engine="e", versions=">=1", upstream="u", fixed_in="9", summary="s",
+                            doc="Delete when: never", module="m", function="C", before="a = $X\nb = $Y\nc = $Z",
+                            after="a = $X + 1\nb = $Y\nc = $Z + 1")
+    verdict = _registry.judge(two, {"m": _source.parse_text("class C:\n    a = 1\n    b = 2\n    c = 3\n", "m")}, None)
+    assert verdict == ("unknown-shape", "C: a backport of a class body or module top level adds or changes one run of "
+                                        "statements"), verdict
 
 
 def test_a_class_body_target_turns_back_on_the_fixed_release():
