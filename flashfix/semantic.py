@@ -671,6 +671,8 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     unbound = [(h.function, v) for h in hunks for v in h.unbound] if context is None else []
     if unbound:
         raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))
+    for specifiers in [versions] + list((requires or {}).values()):  # a malformed one fails here, not when judged
+        _registry.in_range(None, "0", specifiers)
     decl = Declaration(id, hunks, sites, needs, context, check)
     return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
                  upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,

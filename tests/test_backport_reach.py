@@ -228,6 +228,8 @@ def test_mistakes_surface_when_the_backport_is_declared():
     assert "__ffx" not in str(info.value) and "$X" in str(info.value)
     with pytest.raises(ValueError, match=r"`where` is not Python"):
         semantic.Backport(**dict(README_EXAMPLE, where="f($A"))
+    with pytest.raises(ValueError, match="Invalid specifier"):  # packaging's InvalidSpecifier
+        semantic.Backport(**dict(README_EXAMPLE, requires={"xgrammar": "0.2.7+"}))
     # an indented triple-quoted pattern is read as the code it shows
     semantic.Backport(**dict(README_EXAMPLE, before="""
             len($G) != $LOGITS.shape[0] and not self.use_fp64_gumbel
