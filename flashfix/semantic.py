@@ -485,14 +485,11 @@ class Declaration:
         defining = []
         for modname, qualname in self.sites:
             found = _locate.find(modname)
-            if found is None or found.text is None:
-                continue
             try:
-                node = _target(_source.Module(found.text, found.origin), qualname)
+                node = found is not None and found.text is not None and _target(_source.Module(found.text, found.origin), qualname)
             except (ShapeError, SyntaxError, ValueError):
                 node = True  # defined, but not readably: the probe says why
-            if node is not None:
-                defining.append(modname)
+            defining += [modname] if node else []
         return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
 
     @property
