@@ -665,7 +665,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
-    unbound = [(h.function, v) for h in hunks for v in h.unbound] if context is None else []
+    unbound = [(h.name, v) for h in hunks for v in h.unbound] if context is None else []
     if unbound:
         raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))
     for specifiers in [versions] + list((requires or {}).values()):  # a malformed one fails here, not when judged
