@@ -28,15 +28,17 @@ The rest of this module's documentation is the comment block below.
 # Every keyword, with its type: ``Backport``'s docstring (``help(Backport)``).
 #
 # Derived from the one declaration:
-# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
-#   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
-#   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
-#   -> patch; else unknown-shape, naming where the nearest candidate differs;
+# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
+#   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
+#   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
+#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
+#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
+#   the metavariables);
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
 #   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
-#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
-#   the edited statement); every name the new code reads must be a local, a builtin or a global
-#   of the module, or the patch is refused whole;
+#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited statement), or, where ``function`` names a
+#   class or is None (the module), the changed statements run there and what they bind is set on it
+#   (``SetAttr``); every name the new code reads must be a local, a builtin or a global of the module;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
@@ -47,9 +49,11 @@ The rest of this module's documentation is the comment block below.
 import ast
 import builtins
 import copy
+import difflib
 import functools
 import importlib
 import re
+import textwrap
 
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
@@ -71,10 +75,13 @@ class Block(ast.AST):
         self.lineno = body[0].lineno if body and hasattr(body[0], "lineno") else 0
 
 
-def pattern(text):
+def pattern(text, keyword="pattern"):
     """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    src = text.strip().replace("$$$", MANY).replace("$", ONE)
-    body = ast.parse(src).body
+    src = textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)
+    try:
+        body = ast.parse(src).body
+    except SyntaxError as exc:
+        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _show(exc.msg), exc.lineno, text)) from None
     node = Block(body) if len(body) > 1 else body[0].value if isinstance(body[0], ast.Expr) else body[0]
     node.flashfix_src = src  # what ``build`` spells its nodes with
     return node
@@ -170,8 +177,9 @@ def find(p, scopes, given=None):
     """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
     starting from ``given``."""
     found = []
-    for scope in scopes:
-        for node in ast.walk(scope):
+    for scope in scopes:  # a class body or a module: its own statements, not those of its defs
+        for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in ast.walk(s)] if (
+                isinstance(scope, (ast.ClassDef, ast.Module))) else ast.walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``
                 for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
                     for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
@@ -304,6 +312,14 @@ def _own_function(owner, name, module):
     raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
 
 
+_BODIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
+
+
+def _target(tree, qualname):
+    """The def or class ``qualname`` names in ``tree`` (a module's AST), the module itself for None."""
+    return (_source.find_def(tree, qualname) if qualname else tree) if isinstance(tree, ast.Module) else None
+
+
 def function_at(module, qualname):
     """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) of ``module``."""
     owner = module
@@ -325,30 +341,32 @@ class Rule:
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
-        self.module, self.function = module, function
-        self.after, before = pattern(after), pattern(before)
+        self.module, self.function, self.name = module, function, function or module
+        names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
+        self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
+        self.after, before = pattern(after, "after"), pattern(before, "before")
         if isinstance(self.after, (ast.stmt, Block)) and isinstance(before, ast.expr):
             before = ast.Expr(before)
         if isinstance(self.after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
             self.after, before = (x if isinstance(x, Block) else Block([x]) for x in (self.after, before))
         self.before = before
-        self.where = pattern(where) if where else None
-        self.inside = pattern(inside) if inside else None
+        self.where = pattern(where, "where") if where else None
+        self.inside = pattern(inside, "inside") if inside else None
         self.word = absent_unless_mentioned
         self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
-        self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
+        self.fixed_if = [pattern(f, "fixed_if") for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
         self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
-        self.fixed = fixed or "%s has the fixed form `{form}`" % function
-        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, _show(
+        self.fixed = fixed or "%s has the fixed form `{form}`" % self.name
+        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (self.name, _show(
             before.value if isinstance(before, ast.Expr) else before))
 
     def _scopes(self, func):
         return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]
 
     def _given(self, func, given=None):
-        args = func.args.posonlyargs + func.args.args
+        args = func.args.posonlyargs + func.args.args if hasattr(func, "args") else ()
         return dict(given or {}, **({"SELF": ast.Name(args[0].arg, ast.Load())} if args else {}))
 
     def fixed_form(self, func, scopes=None):
@@ -367,7 +385,7 @@ class Rule:
 
     def site(self, func, tree=None, given=None):
         """``([(node, bindings)] or None, Shape)`` for the def node ``func`` (None: not there)."""
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if not isinstance(func, _BODIES):
             return None, Shape(ABSENT, "%s has no function %s" % (self.module, self.function))
         scopes, given = self._scopes(func), self._given(func, given)
         fixed = self.fixed_form(func, scopes)
@@ -377,7 +395,7 @@ class Rule:
         found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
         if len(found) > 1 and not self.every:
             return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
-                _show(self.before), self.function, len(found), ", ".join(str(n.lineno) for n, _ in found)))
+                _show(self.before), self.name, len(found), ", ".join(str(n.lineno) for n, _ in found)))
         stray = self._stray(scopes, found) if self.every else None
         if stray is not None:
             return None, Shape(UNKNOWN, "`%s` at line %d is not of the form `%s`" % (
@@ -392,7 +410,7 @@ class Rule:
             if context is not None and (
                     len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items())):
                 return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
-                    _show(self.before), node.lineno, self.function, len(context), _show(self.where),
+                    _show(self.before), node.lineno, self.name, len(context), _show(self.where),
                     "whose bindings differ" if len(context) == 1 else "(expected one)"))
             twice = [k.arg for c in ast.walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
                      for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
@@ -410,11 +428,11 @@ class Rule:
 
     def _say(self, text, func, node, b, **more):
         values = dict({k: _text(v) for k, v in b.items()}, **more)
-        return text.format(line=node.lineno, name=func.name, **values)
+        return text.format(line=node.lineno, name=getattr(func, "name", self.name), **values)
 
     def _missing(self, func, scopes, tree):
         if self.word and tree is not None and _mention(tree, self.word) is None:
-            owner = _source.find_def(tree, self.function.split(".")[0]) if "." in self.function else None
+            owner = _source.find_def(tree, self.function.split(".")[0]) if "." in (self.function or "") else None
             if isinstance(owner, ast.ClassDef) and (owner.keywords or any(
                     not (isinstance(base, ast.Name) and base.id == "object") for base in owner.bases)):
                 return Shape(UNKNOWN, "%s never mentions %s, but %s has a base class that might set it"
@@ -427,7 +445,7 @@ class Rule:
                 and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
         where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
         if not near:
-            return Shape(UNKNOWN, "no `%s` in %s%s" % (_show(p), self.function, where))
+            return Shape(UNKNOWN, "no `%s` in %s%s" % (_show(p), self.name, where))
         node = near[0]
         if isinstance(p, ast.Call):
             wanted = [k.arg for k in p.keywords if k.arg]
@@ -456,7 +474,7 @@ class Rule:
         for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
             new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
             _put(func_def, node, new)
-            if not self.ran and number == 0:
+            if not self.ran and number == 0 and mark is not None:  # None: a class body or module, no marker
                 _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
             news.append(new)
         if names is not None:
@@ -497,14 +515,11 @@ class Declaration:
         defining = []
         for modname, qualname in self.sites:
             found = _locate.find(modname)
-            if found is None or found.text is None:
-                continue
             try:
-                node = _source.find_def(_source.Module(found.text, found.origin), qualname)
+                node = found is not None and found.text is not None and _target(_source.Module(found.text, found.origin), qualname)
             except (ShapeError, SyntaxError, ValueError):
                 node = True  # defined, but not readably: the probe says why
-            if node is not None:
-                defining.append(modname)
+            defining += [modname] if node else []
         return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
 
     @property
@@ -518,8 +533,8 @@ class Declaration:
         trees, defs = {} if trees is None else trees, []
         for modname, qualname in self.sites:
             tree = trees[modname] = tree_of(modname)
-            node = _source.find_def(tree, qualname) if isinstance(tree, ast.Module) else None
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node = _target(tree, qualname)
+            if isinstance(node, _BODIES):
                 defs.append((modname, qualname, node))
         return defs
 
@@ -537,7 +552,7 @@ class Declaration:
                 modname, qualname = rule.module, rule.function
                 if modname not in trees:
                     trees[modname] = tree_of(modname)
-                func = _source.find_def(trees[modname], qualname) if isinstance(trees[modname], ast.Module) else None
+                func = _target(trees[modname], qualname)
             fixed = rule.fixed_form(func) if func is not None else None
             if fixed is not None:
                 return fixed, None, None
@@ -552,15 +567,17 @@ class Declaration:
                 return given, None, None
         out, first = [], None
         for rule, modname, qualname, func in located:
-            found, shape = rule.site(func, trees[modname], given)
+            shape = rule.site(func, trees[modname], given)[1]
             if shape.kind != BUGGY:
                 return shape, None, None
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
+                _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
-            out.append((rule, modname, qualname, found))
+            out.append((rule, modname, qualname, func))
         return first, out, given
 
     def _absent(self, trees, defs):
-        rule, names = self.hunks[0], " or ".join(sorted({q.rsplit(".", 1)[-1] for _, q in self.sites}))
+        rule, names = self.hunks[0], " or ".join(sorted({(q or m).rsplit(".", 1)[-1] for m, q in self.sites}))
         if len(defs) > 1:
             return Shape(UNKNOWN, "expected one %s, found %s" % (names, ", ".join("%s:%s" % d[:2] for d in defs)))
         sourceless = [m for m, t in trees.items() if t is _source.SOURCELESS]
@@ -573,7 +590,8 @@ class Declaration:
                                                           % ", ".join(trees), "".join(
                 ", but %s mentions %r (line %d)" % (m, next(w for w in words(n) if rule.word.lower() in w.lower())[:50],
                                                     n.lineno)
-                for m, n in said.items() if n is not None)))
+                for m, n in said.items() if n is not None) or ": moved or renamed? (with absent_unless_mentioned=WORD, "
+                "a release whose module never mentions WORD is not-affected)"))
         missing = [m for m, t in trees.items() if t is None]
         return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
             ", ".join(read), names, rule.word, "; no module %s" % ", ".join(missing) if missing else ""))
@@ -593,10 +611,16 @@ class Declaration:
         if self.check is not None:
             self.check(module)
         names, swaps = set(), []
-        for rule, modname, qualname, _ in located:
+        for rule, modname, qualname, node in located:
             target = modules.get(modname) or importlib.import_module(modname)
             edit = functools.partial(rule.edit, given=given, names=names)
-            swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+                continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
+            owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
+            space = dict(vars(owner))
+            exec(_body(_source.module_ast(modname, modules), node, edit)[1], vars(target), space)
+            swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items() if vars(owner).get(k, space) is not v]
         adds = []
         for name in sorted(names):
             if hasattr(module, name):
@@ -613,8 +637,14 @@ class Declaration:
 
         located, given = self._plan(_source.module_ast)
         names, start = set(), len(planner.changes)
-        for rule, modname, qualname, _ in located:
-            planner.rewrite(modname, qualname, functools.partial(rule.edit, given=given, names=names))
+        for rule, modname, qualname, node in located:
+            edit = functools.partial(rule.edit, given=given, names=names)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                planner.rewrite(modname, qualname, edit)
+            else:
+                tree = _source.module_ast(modname)
+                planner.changes.append(_diff.Rewrite(self.id, modname, qualname, tree.flashfix_origin, tree.flashfix_text,
+                                                     _body(tree, node, edit)[0], None, None))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
         for name in sorted(n for n in names if not _diff.binds(modname, n)):
@@ -626,8 +656,32 @@ class Declaration:
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 
+def _body(tree, node, edit, runs=True):
+    """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
+    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text)."""
+    from flashfix.core import render as _render
+
+    edited, lines, old, versions = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
+    edit(edited, None)
+    changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False)
+               .get_opcodes() if o[0] != "equal"]
+    if len(changed) != 1 or runs and changed[0][0] == "delete":
+        raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
+                         % (getattr(node, "name", None) or tree.flashfix_origin))
+    _, i, j, k, m = changed[0]
+    start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
+    text = "".join(lines[old[0].lineno - 1][:old[0].col_offset] + line + "\n" for s in edited.body[k:m]
+                   for line in ast.unparse(s).split("\n"))
+    parsed = ast.parse(textwrap.dedent(text))
+    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
+        raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)
+    rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:old[j - 1].end_lineno if j > i else 0]),
+                                dict.fromkeys(versions, text), dict.fromkeys(versions, ()), ())
+    return rendered, compile(ast.increment_lineno(parsed, start - 1), tree.flashfix_origin, "exec")
+
+
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
-             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, **rule):
+             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, **rule):
     """A declarative backport (patterns: see the module docstring), as a ``flashfix.core.registry.Patch``.
 
     Required, each a ``str``: ``id`` (unique among flashfix's and every pack's: prefix it with your
@@ -635,8 +689,8 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     (PEP 440 specifiers: the releases where the pre-fix form is patched), ``upstream`` (the PR's
     URL), ``fixed_in`` (the first release with the fix), ``summary`` (one line), ``doc`` (why, how,
     and a ``Delete when:`` paragraph, else ``ValueError``).
-    One hunk: ``module``, ``function`` (``"Class.method"`` or ``"function"``), ``before``, ``after``
-    (str patterns), with ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
+    One hunk: ``module``, ``function`` (``"Class.method"``, ``"function"``, a class, or None: the
+    module's top level), ``before``, ``after`` (str patterns), with ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
     ``fixed_if`` (str or tuple of str: patterns meaning the fix is in; default ``after``), ``fixed``,
     ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables),
     ``constraints`` (dict: metavariable -> regex its code must match), ``every`` (bool: replace every
@@ -649,15 +703,21 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     target lacks them. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or
     a ``Shape`` that decides; ``check``: callable ``(module)``, at apply time with the engine
     imported. Either refuses by raising ``ShapeError`` (``from flashfix.semantic import ShapeError``):
-    an unknown shape, its message the reason."""
+    an unknown shape, its message the reason. ``requires``: dict ``{distribution: specifiers}``
+    the fixed code needs; unmet (or not installed): unknown-shape, naming what was found."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
+    unbound = [(h.name, v) for h in hunks for v in h.unbound] if context is None else []
+    if unbound:
+        raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))
+    for specifiers in [versions] + list((requires or {}).values()):  # a malformed one fails here, not when judged
+        _registry.in_range(None, "0", specifiers)
     decl = Declaration(id, hunks, sites, needs, context, check)
     return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
                  upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,
-                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl)
+                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl, requires=requires)
 
 
 def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # noqa: N802
@@ -678,16 +738,21 @@ def derive_prefix(patch, text):
     if not rule.derivable:
         raise ValueError("%s: its after-form is not upstream's (fixed_if, or several hunks): nothing to turn back"
                          % rule.hunks[0].function)
-    rule = rule.hunks[0]
-    func = _source.find_def(ast.parse(text), rule.function)
-    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        raise ValueError("%s has no function %s" % (rule.module, rule.function))
+    rule, tree = rule.hunks[0], _source.Module(text, "<derived>")
+    func = _target(tree, rule.function)
+    if not isinstance(func, _BODIES):
+        raise ValueError("%s has no function %s" % (rule.module, rule.name))
     edited = copy.deepcopy(func)
     found = find(rule.after, rule._scopes(edited))
     if len(found) != 1:
-        raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.function, len(found)))
-    _put(edited, found[0][0], build(rule.before, found[0][1]))
-    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited))
+        raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.name, len(found)))
+    try:
+        _put(edited, found[0][0], build(rule.before, found[0][1]))
+    except KeyError as exc:
+        raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
+                         % (rule.name, exc.args[0])) from None
+    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited)) if isinstance(func, (
+        ast.FunctionDef, ast.AsyncFunctionDef)) else _body(tree, func, lambda e, _: setattr(e, "body", edited.body), False)[0]
     lines = _render._lines(text)
     return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
         _render._lines(rendered.before)):])

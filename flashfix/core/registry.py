@@ -75,7 +75,8 @@ Patch = namedtuple("Patch", [
     "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
     "doc",  # why / how / when to delete (a declarative backport's; optional)
     "rule",  # the declaration (``semantic.Declaration``: its hunks, sites, hooks), or None for a hand-written patch
-], defaults=(None, None, None))
+    "requires",  # {distribution: PEP 440 specifiers} the fixed code needs, read where the engine is; unmet: unknown-shape
+], defaults=(None, None, None, None))
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------
@@ -84,14 +85,16 @@ _MISSING = object()
 
 
 class SetAttr:
-    """``setattr(owner, name, value)``; undone only if the attribute still holds ``value``."""
+    """``setattr(owner, name, value)``; undone only if the attribute still holds ``value``. With
+    ``ran``, a patch id: applying it is that patch's run (a class body's or module's new statements)."""
 
-    def __init__(self, owner, name, value):
-        self.owner, self.name, self.value = owner, name, value
+    def __init__(self, owner, name, value, ran=None):
+        self.owner, self.name, self.value, self.ran = owner, name, value, ran
         self.old = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else getattr(owner, name, _MISSING)
 
     def apply(self):
         setattr(self.owner, self.name, self.value)
+        note_ran(self.ran)
 
     def undo(self):
         current = self.owner.__dict__.get(self.name, _MISSING)
@@ -407,16 +410,17 @@ def engine_version(dist):
     return _locate.version(dist)
 
 
-def in_range(patch, version):
-    """Whether ``version`` is in the patch's declared range (pre-releases admitted); a version
-    that is not PEP 440 is outside every range (packaging decides both)."""
+def in_range(patch, version, specifiers=None):
+    """Whether ``version`` is in the patch's declared range (or in ``specifiers``; pre-releases
+    admitted); a version that is not PEP 440 is outside every range (packaging decides both)."""
     if version is None:
-        return True  # a source checkout without metadata: the shape gate decides alone
+        return specifiers is None  # a source checkout without metadata: the shape gate decides alone
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
     try:
-        return SpecifierSet(patch.versions, prereleases=True).contains(Version(version), prereleases=True)
+        return SpecifierSet(patch.versions if specifiers is None else specifiers, prereleases=True).contains(
+            Version(version), prereleases=True)
     except InvalidVersion:
         return False
 
@@ -446,8 +450,11 @@ def judge(patch, trees, version):
     if shape.kind == ABSENT:
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
+        unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed")
+                 for d, s in sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
         if in_range(patch, version):
-            return "patch", shape.reason
+            return ("unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
+                    ) if unmet else ("patch", shape.reason)
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason

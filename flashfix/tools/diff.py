@@ -313,8 +313,9 @@ def write(diffs, out, marker=False):
 
 def _write_rewrite(change, out, marker):
     rendered = change.rendered
-    out.write("# %s.%s: recompiled from the text below and swapped into the existing function object\n"
-              % (change.module, change.qualname))
+    out.write("# %s.%s: %s\n" % (change.module, change.qualname or "<module>", "recompiled from the text below and swapped "
+              "into the existing function object" if change.edited is not None else "the new statements below run in its "
+              "namespace when the patch applies,\n# and the names they bind are set on it (setattr, undone by revert())"))
     marks = _marker_lines(rendered)
     if marks and not marker:
         out.write("# until its first run it also runs %s, %s;\n"
