@@ -94,13 +94,11 @@ def find(name):
     if (isinstance(loader, SourceFileLoader) and origin and os.path.isfile(origin)
             and getattr(loader, "path", origin) == origin):
         return {"found": True, "origin": origin, "kind": "file"}
-    text = None
     get_source = getattr(loader, "get_source", None)
-    if get_source is not None:
-        try:
-            text = get_source(name)
-        except (ImportError, OSError, UnicodeDecodeError):
-            text = None
+    try:
+        text = get_source(name) if get_source is not None else None
+    except (ImportError, OSError, UnicodeDecodeError):
+        text = None
     if text is not None:
         return {"found": True, "origin": origin, "kind": "text", "text": text}
     if origin and origin.endswith(".py") and os.path.isfile(origin):
