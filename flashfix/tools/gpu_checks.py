@@ -13,10 +13,12 @@ the whole output against float64 computed from exactly the values the kernel rea
 """
 
 import functools
+import importlib.util
 import itertools
 import logging
 import math
 import os
+import sys
 import time
 import types
 
@@ -209,8 +211,6 @@ class EngineModuleFinder:
             raise ImportError("%s holds no source of %s" % (reader.describe(), target))
 
     def find_spec(self, name, path=None, target=None):
-        import importlib.util
-
         if name == self.target:
             return importlib.util.spec_from_file_location(name, self.found.origin, loader=self)
         if name.split(".")[0] == self.top:
@@ -232,9 +232,6 @@ def engine_module(patch_id, path=None):
     """``(module, patch record, engine version)``: the patch's target module as the runtime
     leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
     tree, its engine imports stand-ins); the other patches of the engine are disabled."""
-    import importlib
-    import sys
-
     from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
@@ -270,8 +267,6 @@ class Calls:
         self.file, self.log = engine_file, []
 
     def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
-        import sys
-
         for name in names:
             method = getattr(wrapper, name)
 

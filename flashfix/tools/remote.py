@@ -19,6 +19,7 @@ environment would decide them.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import queue
@@ -38,8 +39,6 @@ def probe_command(executable):
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_probe.py")
     if os.path.isfile(here):
         return [executable, here]
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("flashfix.tools.remote_probe")
         text = _locate._loader_source(spec.loader, spec.name, spec.origin) if spec is not None else None

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from flashfix.tools import doctor as _doctor
@@ -106,8 +107,6 @@ def _run_checks(wanted, as_json, start):
     """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
     engine's wheel or tree, None for the installed engine) side by side in child processes, with
     progress lines."""
-    import tempfile
-
     procs = {}
     for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
         name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
