@@ -110,7 +110,7 @@ class PythonReader:
         hello = self._receive(what="start")
         if not (hello.get("hello") is True and _is_list_of(hello.get("python"), int) and len(hello["python"]) >= 2
                 and isinstance(hello.get("prefix"), str)):
-            self._fail("--python %s did not answer as a Python interpreter" % self.executable)
+            raise self._closed("--python %s did not answer as a Python interpreter" % self.executable)
         self.label = "%s (Python %s, %s)" % (self.executable, ".".join(map(str, hello["python"])), hello["prefix"])
 
     def _pump(self, stream, lines):
@@ -124,10 +124,10 @@ class PythonReader:
             self._stderr.append(line)
             del self._stderr[:-40]
 
-    def _fail(self, problem):
-        """Close the interpreter and raise SourceError(problem)."""
+    def _closed(self, problem):
+        """Close the interpreter; the SourceError(problem) to raise."""
         self.close()
-        raise _locate.SourceError(problem) from None
+        return _locate.SourceError(problem)
 
     def _no_answer(self, what):
         try:
@@ -148,13 +148,13 @@ class PythonReader:
         except queue.Empty:
             line = None
         if line is None:  # it ended, or did not answer in time
-            self._fail(self._no_answer(what))
+            raise self._closed(self._no_answer(what))
         try:
             value = json.loads(line)
         except ValueError:
             value = None
         if not isinstance(value, dict):  # well framed, but not an answer of _remote_probe
-            self._fail("--python %s answered something unreadable" % self.executable)
+            raise self._closed("--python %s answered something unreadable" % self.executable)
         return value
 
     def _ask(self, request):
@@ -165,7 +165,7 @@ class PythonReader:
             self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
         except (OSError, ValueError):
-            self._fail(self._no_answer(request.get("op")))
+            raise self._closed(self._no_answer(request.get("op"))) from None
         value = self._receive(request.get("op"))
         if "error" not in value and not _well_formed(request["op"], value):
             value = {"error": "an answer of unexpected form: %.200s" % json.dumps(value)}
