@@ -1,6 +1,7 @@
 """``flashfix`` command line: ``doctor``, ``diff`` and ``verify``."""
 
 import argparse
+import contextlib
 import sys
 
 
@@ -21,36 +22,25 @@ def _add_sources(parser):
                         "found there, EXECUTING their code here, to judge them (else they are named, not run)")
 
 
-def open_sources(sources):
-    """The reader for ``--path``/``--python`` values (None: this interpreter), and the
-    readers to close. SourceError (with its message) when one cannot be read."""
+def open_sources(sources, stack):
+    """The reader for ``--path``/``--python`` values (None: this interpreter); the interpreters
+    asked are closed with ``stack`` (an ``ExitStack``). SourceError (with its message) when one
+    cannot be read."""
     from flashfix.tools import doctor as _doctor
     from flashfix.core import locate as _locate
 
     readers = []
-    try:
-        for kind, value in sources:
-            if kind == "python":
-                from flashfix.tools import remote as _remote
+    for kind, value in sources:
+        if kind == "python":
+            from flashfix.tools import remote as _remote
 
-                readers.append(_remote.PythonReader(value))
-            else:
-                reader = _locate.open_path(value)
-                _doctor.check_holds_an_engine(reader, value)
-                readers.append(reader)
-    except _locate.SourceError:
-        close(readers)
-        raise
+            readers.append(stack.enter_context(_remote.PythonReader(value)))
+        else:
+            readers.append(_locate.open_path(value))
+            _doctor.check_holds_an_engine(readers[-1], value)
     if not readers:
-        return None, []
-    return (readers[0] if len(readers) == 1 else _locate.Composite(readers)), readers
-
-
-def close(readers):
-    for reader in readers:
-        closer = getattr(reader, "close", None)
-        if closer is not None:
-            closer()
+        return None
+    return readers[0] if len(readers) == 1 else _locate.Composite(readers)
 
 
 def main(argv=None):
@@ -76,12 +66,15 @@ def main(argv=None):
                         help="also check the engine in PATH (a wheel or source tree, not installed here): its patched "
                              "module is loaded with stand-ins for the engine modules it imports")
     args = parser.parse_args(argv)
-    if args.command in ("doctor", "diff"):
-        from flashfix.core import locate as _locate
+    if args.command == "verify":
+        from flashfix.tools.verify import run
 
-        opened = []  # open_sources closes what it opened when it fails
-        try:
-            reader, opened = open_sources(args.sources)
+        return run(as_json=args.json, paths=args.paths)
+    from flashfix.core import locate as _locate
+
+    try:
+        with contextlib.ExitStack() as stack:
+            reader = open_sources(args.sources, stack)
             if reader is not None:
                 reader.run_packs = args.run_packs
             if args.command == "doctor":
@@ -91,16 +84,9 @@ def main(argv=None):
             from flashfix.tools import diff as _diff
 
             return _diff.run(args.ids, reader=reader, marker=args.marker)
-        except _locate.SourceError as exc:
-            sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
-            return 2
-        finally:
-            close(opened)
-    if args.command == "verify":
-        from flashfix.tools.verify import run
-
-        return run(as_json=args.json, paths=args.paths)
-    return 2
+    except _locate.SourceError as exc:
+        sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ sink wrappers in one process (the JIT kernel-name collision). Errors are relativ
 the whole output against float64 computed from exactly the values the kernel reads.
 """
 
+import functools
+import importlib.util
 import itertools
 import logging
 import math
 import os
+import sys
 import time
 import types
 
@@ -47,8 +50,8 @@ def rel_l2(out, ref):
     return float((out - ref).norm() / ref.norm())
 
 
-def reference(q, k, v, sm_scale, *, causal=True, window_left=-1, sinks=None):
-    """float64 attention of one request. q [n, Hq, D], k/v [m, Hkv, D]; query i sits at
+def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
+    """float64 causal attention of one request. q [n, Hq, D], k/v [m, Hkv, D]; query i sits at
     position m - n + i; ``sinks`` (natural-log logits per query head) join the softmax
     denominator only, as FlashInfer's AttentionSink variant does."""
     import torch
@@ -62,9 +65,7 @@ def reference(q, k, v, sm_scale, *, causal=True, window_left=-1, sinks=None):
     scores = torch.einsum("nhd,mhd->hnm", q, k) * sm_scale
     pos = torch.arange(n, device=q.device)[:, None] + (m - n)
     key = torch.arange(m, device=q.device)[None, :]
-    allowed = torch.ones(n, m, dtype=torch.bool, device=q.device)
-    if causal:
-        allowed &= key <= pos
+    allowed = key <= pos
     if window_left >= 0:
         allowed &= pos - key <= window_left
     scores = scores.masked_fill(~allowed, -math.inf)
@@ -109,13 +110,9 @@ class PagedBatch:
         self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
                              device=device).to(torch.bfloat16)
         self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
-        qo, kv_ind, last = [0], [0], []
-        for (n, kv), pages in zip(self.seqs, pages_per):
-            qo.append(qo[-1] + n)
-            kv_ind.append(kv_ind[-1] + pages)
-            last.append(kv - (pages - 1) * page_size)
-        self.qo_indptr = torch.tensor(qo, dtype=torch.int32)
-        self.kv_indptr = torch.tensor(kv_ind, dtype=torch.int32)
+        self.qo_indptr = torch.tensor([0, *itertools.accumulate(n for n, _ in self.seqs)], dtype=torch.int32)
+        self.kv_indptr = torch.tensor([0, *itertools.accumulate(pages_per)], dtype=torch.int32)
+        last = [kv - (pages - 1) * page_size for (_, kv), pages in zip(self.seqs, pages_per)]
         self.last_page_len = torch.tensor(last, dtype=torch.int32)
         self.kv_indices = order
         self.kv_dtype = kv_dtype
@@ -127,14 +124,14 @@ class PagedBatch:
         pages = cache[self.kv_indices[start:end].long()]
         return pages.reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
 
-    def reference(self, sm_scale, window_left=-1, sinks=True):
+    def reference(self, sm_scale, window_left=-1):
         import torch
 
         outs = []
         for i, (n, _) in enumerate(self.seqs):
             q = self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])]
             outs.append(reference(q, self.request_kv(i, "k"), self.request_kv(i, "v"), sm_scale,
-                                  window_left=window_left, sinks=self.sinks if sinks else None))
+                                  window_left=window_left, sinks=self.sinks))
         return torch.cat(outs)
 
     def plan(self, wrapper, sm_scale, window_left):
@@ -189,13 +186,9 @@ def _read(cls, what):
         _reads.append("%s %s" % (cls.__qualname__, what))
 
 
-_stand_ins = {}
-
-
+@functools.cache
 def _stand_in(name):
-    if name not in _stand_ins:
-        _stand_ins[name] = _StandIn(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "_stand_in": True})
-    return _stand_ins[name]
+    return _StandIn(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "_stand_in": True})
 
 
 class _StandInModule(types.ModuleType):
@@ -218,8 +211,6 @@ class EngineModuleFinder:
             raise ImportError("%s holds no source of %s" % (reader.describe(), target))
 
     def find_spec(self, name, path=None, target=None):
-        import importlib.util
-
         if name == self.target:
             return importlib.util.spec_from_file_location(name, self.found.origin, loader=self)
         if name.split(".")[0] == self.top:
@@ -241,9 +232,6 @@ def engine_module(patch_id, path=None):
     """``(module, patch record, engine version)``: the patch's target module as the runtime
     leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
     tree, its engine imports stand-ins); the other patches of the engine are disabled."""
-    import importlib
-    import sys
-
     from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
@@ -279,8 +267,6 @@ class Calls:
         self.file, self.log = engine_file, []
 
     def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
-        import sys
-
         for name in names:
             method = getattr(wrapper, name)
 
@@ -314,10 +300,6 @@ def drive(func, args, kwargs, calls, allowed=()):
     return out, calls.take(), error
 
 
-def _where(func):
-    return "%s:%d" % (func.__code__.co_filename, func.__code__.co_firstlineno)
-
-
 def _same(a, b):
     import torch
 
@@ -348,7 +330,8 @@ def _engine(patch_id, path, functions):
     if record["state"] != "applied":
         return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, []
     pairs = [live_and_original(record, f) for f in functions]
-    head.update(functions=["%s (%s)" % (f, _where(o)) for f, (_, o) in zip(functions, pairs)])
+    head.update(functions=["%s (%s:%d)" % (f, o.__code__.co_filename, o.__code__.co_firstlineno)
+                           for f, (_, o) in zip(functions, pairs)])
     return module, [], head, pairs
 
 
@@ -381,7 +364,7 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
     calls = Calls(live.__code__.co_filename)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     prefix, whole = [p for p, _ in requests], [p + n for p, n in requests]
-    qo = torch.tensor([0] + list(itertools.accumulate(n for _, n in requests)), dtype=torch.int32)
+    qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
     for head_dim in head_dims:
         gen = torch.Generator(device=device).manual_seed(seed)
         q, k, v = (torch.randn(qo[-1], h, head_dim, generator=gen, device=device).to(bf16)

@@ -18,6 +18,8 @@ verdicts are decided by this flashfix's probes, as ``flashfix doctor`` run insid
 environment would decide them.
 """
 
+import contextlib
+import importlib.util
 import json
 import os
 import queue
@@ -37,15 +39,11 @@ def probe_command(executable):
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_probe.py")
     if os.path.isfile(here):
         return [executable, here]
-    import importlib.util
-
-    text = spec = None
     try:
         spec = importlib.util.find_spec("flashfix.tools.remote_probe")
-        get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
-        text = get_source(spec.name) if get_source is not None else None
+        text = _locate._loader_source(spec.loader, spec.name, spec.origin) if spec is not None else None
     except (ImportError, OSError, UnicodeDecodeError):
-        text = None
+        spec = text = None
     if text is not None:
         return [executable, "-c", text]
     origin = getattr(spec, "origin", None)
@@ -112,9 +110,7 @@ class PythonReader:
         hello = self._receive(what="start")
         if not (hello.get("hello") is True and _is_list_of(hello.get("python"), int) and len(hello["python"]) >= 2
                 and isinstance(hello.get("prefix"), str)):
-            self.close()
-            raise _locate.SourceError("--python %s did not answer as a Python interpreter" % self.executable)
-        self.info = hello
+            raise self._closed("--python %s did not answer as a Python interpreter" % self.executable)
         self.label = "%s (Python %s, %s)" % (self.executable, ".".join(map(str, hello["python"])), hello["prefix"])
 
     def _pump(self, stream, lines):
@@ -128,7 +124,12 @@ class PythonReader:
             self._stderr.append(line)
             del self._stderr[:-40]
 
-    def _failure(self, what):
+    def _closed(self, problem):
+        """Close the interpreter; the SourceError(problem) to raise."""
+        self.close()
+        return _locate.SourceError(problem)
+
+    def _no_answer(self, what):
         try:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -147,16 +148,13 @@ class PythonReader:
         except queue.Empty:
             line = None
         if line is None:  # it ended, or did not answer in time
-            problem = self._failure(what)
-            self.close()
-            raise _locate.SourceError(problem)
+            raise self._closed(self._no_answer(what))
         try:
             value = json.loads(line)
         except ValueError:
             value = None
         if not isinstance(value, dict):  # well framed, but not an answer of _remote_probe
-            self.close()
-            raise _locate.SourceError("--python %s answered something unreadable" % self.executable)
+            raise self._closed("--python %s answered something unreadable" % self.executable)
         return value
 
     def _ask(self, request):
@@ -167,9 +165,7 @@ class PythonReader:
             self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
         except (OSError, ValueError):
-            problem = self._failure(request.get("op"))
-            self.close()
-            raise _locate.SourceError(problem) from None
+            raise self._closed(self._no_answer(request.get("op"))) from None
         value = self._receive(request.get("op"))
         if "error" not in value and not _well_formed(request["op"], value):
             value = {"error": "an answer of unexpected form: %.200s" % json.dumps(value)}
@@ -199,8 +195,7 @@ class PythonReader:
         return self._ask({"op": "version", "dist": dist}).get("version")
 
     def version_source(self, dist):
-        value = self._ask({"op": "version", "dist": dist})
-        path = value.get("file")
+        path = self._ask({"op": "version", "dist": dist}).get("file")
         if not path or not os.path.isfile(path):
             return None
         return path, _locate._sha256_file(path)
@@ -217,11 +212,9 @@ class PythonReader:
         process = getattr(self, "_process", None)
         if process is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             if process.stdin:
                 process.stdin.close()
-        except OSError:
-            pass
         try:
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:

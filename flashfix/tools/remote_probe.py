@@ -20,30 +20,13 @@ if __name__ == "__main__" and sys.path and "__file__" in globals() and os.path.r
 PREFIX = "\x1eflashfix-remote "
 
 
-def _path_finder(entry):
-    from importlib.machinery import PathFinder
-    cached = getattr(PathFinder, "_path_importer_cache", None)
-    if cached is not None:
-        return cached(entry)
-    if entry in sys.path_importer_cache:
-        return sys.path_importer_cache[entry]
-    for hook in sys.path_hooks:
-        try:
-            finder = hook(entry)
-        except ImportError:
-            continue
-        sys.path_importer_cache[entry] = finder
-        return finder
-    return None
-
-
 def _path_spec(name, path):
-    from importlib.machinery import ModuleSpec
+    from importlib.machinery import ModuleSpec, PathFinder
     portions = []
     for entry in path:
         if not isinstance(entry, str):
             continue
-        finder = _path_finder(entry if entry else os.getcwd())
+        finder = PathFinder._path_importer_cache(entry if entry else os.getcwd())  # as flashfix.core.locate
         find = getattr(finder, "find_spec", None)
         spec = find(name) if find is not None else None
         if spec is None:
@@ -65,16 +48,11 @@ def _meta_path_spec(name, path):
             continue
         if finder is PathFinder:
             spec = _path_spec(name, sys.path if path is None else path)
-            if spec is not None:
-                return spec
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, path)
-        except Exception:
-            continue
+        else:
+            try:
+                spec = finder.find_spec(name, path)
+            except Exception:  # none, or one that trips: absent, as flashfix.core.locate says
+                spec = None
         if spec is not None:
             return spec
     return None
@@ -82,8 +60,7 @@ def _meta_path_spec(name, path):
 
 def _spec(name):
     parts = name.split(".")
-    path = None
-    spec = None
+    path = spec = None
     for depth in range(1, len(parts) + 1):
         prefix = ".".join(parts[:depth])
         module = sys.modules.get(prefix)
@@ -117,13 +94,11 @@ def find(name):
     if (isinstance(loader, SourceFileLoader) and origin and os.path.isfile(origin)
             and getattr(loader, "path", origin) == origin):
         return {"found": True, "origin": origin, "kind": "file"}
-    text = None
     get_source = getattr(loader, "get_source", None)
-    if get_source is not None:
-        try:
-            text = get_source(name)
-        except (ImportError, OSError, UnicodeDecodeError):
-            text = None
+    try:
+        text = get_source(name) if get_source is not None else None
+    except (ImportError, OSError, UnicodeDecodeError):
+        text = None
     if text is not None:
         return {"found": True, "origin": origin, "kind": "text", "text": text}
     if origin and origin.endswith(".py") and os.path.isfile(origin):
@@ -150,6 +125,10 @@ def entry_points(group):
                              for ep in found]}
 
 
+# request "op" -> (the function that answers it, the request's key for its argument)
+OPS = {"find": (find, "name"), "version": (version, "dist"), "entry_points": (entry_points, "group")}
+
+
 def answer(value):
     sys.stdout.write(PREFIX + json.dumps(value) + "\n")
     sys.stdout.flush()
@@ -161,14 +140,8 @@ def main():
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            if request.get("op") == "find":
-                answer(find(request["name"]))
-            elif request.get("op") == "version":
-                answer(version(request["dist"]))
-            elif request.get("op") == "entry_points":
-                answer(entry_points(request["group"]))
-            else:
-                answer({"error": "unknown request"})
+            op = OPS.get(request.get("op"))
+            answer(op[0](request[op[1]]) if op else {"error": "unknown request"})
         except Exception as exc:
             answer({"error": repr(exc)})
 

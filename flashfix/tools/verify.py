@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from flashfix.tools import doctor as _doctor
@@ -106,8 +107,6 @@ def _run_checks(wanted, as_json, start):
     """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
     engine's wheel or tree, None for the installed engine) side by side in child processes, with
     progress lines."""
-    import tempfile
-
     procs = {}
     for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
         name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
@@ -142,12 +141,10 @@ def _result(name, patch_id, proc, out, err):
         return {"check": name, "patch": patch_id, "passed": False, "threshold": threshold,
                 "error": "check crashed (exit %s): %s" % (proc.returncode, err.strip()[-1500:])}
     problems = []
-    for r in rows:
-        if r.get("mismatch"):
-            continue
+    for r in [r for r in rows if not r.get("mismatch")]:
         e = r.get("err_flashfix", r.get("err"))
-        if r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix"):
-            problems.append("%s: %s" % (r.get("case"), r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix")))
+        if error := r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix"):
+            problems.append("%s: %s" % (r.get("case"), error))
         elif r.get("control") and not r.get("bitwise_equal"):
             problems.append("%s: not bitwise equal" % r["case"])
         elif not r.get("control") and (e is None or e > threshold):
@@ -206,8 +203,7 @@ def run(as_json=False, paths=()):
              "for flashfix's factory, so it runs the sink wrapper as on SM12x" % (time.time() - start), as_json)
     runtime_proc = _child(_RUNTIME)
     runtime = {r["id"]: r for r in (_last_json(runtime_proc.stdout, "FLASHFIX_RESULT=") or [])}
-    failures = []
-    report = []
+    failures, report = [], []
     for row in rows:
         state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
         expected = "applied" if row["verdict"] == "patch" else row["verdict"]
