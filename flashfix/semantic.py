@@ -682,29 +682,27 @@ def _body(tree, node, edit, runs=True):
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
              before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, **rule):
-    """A declarative backport (patterns: see the module docstring), as a ``flashfix.core.registry.Patch``.
+    """A declarative backport (patterns: the module docstring), as a ``flashfix.core.registry.Patch``.
 
-    Required, each a ``str``: ``id`` (unique among flashfix's and every pack's: prefix it with your
-    own), ``engine`` (the distribution: ``vllm``, ``sglang``, ``flashinfer-python``), ``versions``
-    (PEP 440 specifiers: the releases where the pre-fix form is patched), ``upstream`` (the PR's
-    URL), ``fixed_in`` (the first release with the fix), ``summary`` (one line), ``doc`` (why, how,
-    and a ``Delete when:`` paragraph, else ``ValueError``).
+    Required ``str``s: ``id`` (unique: prefix it with your own), ``engine`` (``vllm``, ``sglang``,
+    ``flashinfer-python``), ``versions`` (PEP 440: where the pre-fix form is patched), ``upstream``
+    (the PR's URL), ``fixed_in``, ``summary`` (one line), ``doc`` (why, how, ``Delete when:``).
     One hunk: ``module``, ``function`` (``"Class.method"``, ``"function"``, a class, or None: the
-    module's top level), ``before``, ``after`` (str patterns), with ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
-    ``fixed_if`` (str or tuple of str: patterns meaning the fix is in; default ``after``), ``fixed``,
-    ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables),
-    ``constraints`` (dict: metavariable -> regex its code must match), ``every`` (bool: replace every
-    match, not exactly one), ``absent_unless_mentioned`` (str: not-affected where the code never
-    mentions it). ``$SELF`` is the function's first parameter; ``$RAN``, a statement of ``after``,
-    places the one-time marker. ``hunks``: tuple of ``Rule(module, function, before, after,
-    **keywords)``, applied with the first or instead of it, all or none. ``sites``: tuple of
-    ``(module, function)``, where the first hunk's function lives, one release layout each.
-    ``needs``: dict ``{name: module}``, globals the new code reads, taken from that module where the
-    target lacks them. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or
-    a ``Shape`` that decides; ``check``: callable ``(module)``, at apply time with the engine
-    imported. Either refuses by raising ``ShapeError`` (``from flashfix.semantic import ShapeError``):
-    an unknown shape, its message the reason. ``requires``: dict ``{distribution: specifiers}``
-    the fixed code needs; unmet (or not installed): unknown-shape, naming what was found."""
+    module's top level), ``before``, ``after`` (str patterns), and ``Rule``'s optional keywords:
+    ``where``, ``inside`` (str patterns), ``fixed_if`` (str or tuple of str: the fix is in; default
+    ``after``), ``fixed``, ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``,
+    ``{form}``, the metavariables), ``constraints`` (dict: metavariable -> regex on its code),
+    ``every`` (bool: replace every match), ``absent_unless_mentioned`` (str: not-affected where the
+    code never mentions it; else an absent target is unknown-shape). ``$SELF``: the function's
+    first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple of
+    ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
+    ``(module, function)``, the first hunk's function per release layout. ``needs``: dict
+    ``{name: module}``, globals the new code reads that the target may lack. ``context``: callable
+    ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape`` that decides; ``check``:
+    callable ``(module)``, at apply time. Either refuses by raising ``ShapeError`` (``from
+    flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
+    dict ``{distribution: specifiers}`` the fixed code needs; unmet: unknown-shape. Reference:
+    docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
