@@ -67,6 +67,7 @@ from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  
 from flashfix.core.source import ShapeError
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
+_DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # a def these wrap binds no function
 
 
 class Block(ast.AST):
@@ -308,9 +309,13 @@ class Rule:
         self.word = absent_unless_mentioned
         self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
         self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
+        for node in ast.walk(self.fixed_if[0]) if fixed_if is None else ():  # upstream's form has no $RAN marker
+            for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+                if isinstance(block, list):
+                    block[:] = [s for s in block if not _ran(s)]
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
-        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
+        self.ran = any(map(_ran, ast.walk(self.after)))
         self.fixed = fixed or "%s has the fixed form `{form}`" % function
         self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, _show(
             before.value if isinstance(before, ast.Expr) else before))
@@ -435,11 +440,15 @@ class Rule:
         ast.fix_missing_locations(func_def)
 
 
+def _ran(node):
+    return isinstance(node, ast.Expr) and _meta(node.value) == "RAN"
+
+
 def _free_names(news, func):
-    """Names the new nodes ``news`` read that ``func`` (holding them) binds nowhere: parameters
-    (also of a lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
+    """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
+    lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
     bound = set()
-    for n in ast.walk(func):
+    for n in (n for root in [func] + news for n in ast.walk(root)):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             bound.add(n.id)
         elif isinstance(n, (ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)):
@@ -521,14 +530,31 @@ class Declaration:
             given = self.context(trees[located[0][1]], located[0][3])
             if isinstance(given, Shape):
                 return given, None, None
-        out, first = [], None
+        out, first, names = [], None, set()
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
+            wrapper = [d for d in func.decorator_list if _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
+            if shape.kind == BUGGY and wrapper:  # what the runtime would find there is no function to recompile
+                shape = Shape(UNKNOWN, "%s is not a plain function of %s: it is a @%s" % (
+                    qualname, modname, ast.unparse(wrapper[0])))
             if shape.kind != BUGGY:
                 return shape, None, None
             first = first or shape
+            names.update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
             out.append((rule, modname, qualname, found))
-        return first, out, given
+        modname = located[0][1]  # the names the new code reads, as prepare() asks the imported module
+        lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
+                   and not (n in self.needs and _source.binds(self.needs[n], n))]
+        if lacking:
+            return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
+        if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
+            first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join(
+                (self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
+        return first._replace(functions=tuple((m, q) for _, m, q, _ in out)), out, given
+
+    def _lacks(self, name, modname):
+        return "the new code reads %s, which %s lacks%s" % (name, modname, (
+            ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else "")
 
     def _absent(self, trees, defs):
         rule, names = self.hunks[0], " or ".join(sorted({q.rsplit(".", 1)[-1] for _, q in self.sites}))
@@ -574,8 +600,7 @@ class Declaration:
                 continue
             source = importlib.import_module(self.needs[name]) if name in self.needs else None
             if not hasattr(source, name):
-                raise ShapeError("the new code reads %s, which %s lacks%s" % (name, module.__name__, (
-                    ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else ""))
+                raise ShapeError(self._lacks(name, module.__name__))
             adds.append(_registry.SetAttr(module, name, getattr(source, name)))
         return adds + swaps
 
@@ -588,11 +613,7 @@ class Declaration:
             planner.rewrite(modname, qualname, functools.partial(rule.edit, given=given, names=names))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
-        for name in sorted(n for n in names if not _diff.binds(modname, n)):
-            if name not in self.needs or not _diff.binds(self.needs[name], name):
-                raise ShapeError("the new code reads %s, which %s does not bind%s: the runtime would leave the engine "
-                                 "as it is" % (name, modname, (", and the %s read here has no %s" % (
-                                     self.needs[name], name)) if name in self.needs else ""))
+        for name in sorted(n for n in names if n in self.needs and not _diff.binds(modname, n)):  # the probe checked
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 

@@ -57,7 +57,8 @@ class PatchError(flashfix.HookAbort):
 
 # Plain named tuples, not dataclasses: ``dataclasses`` imports ``inspect``, a sixth of what
 # ``flashfix doctor`` spends on imports.
-Shape = namedtuple("Shape", "kind reason")  # kind: FIXED, ABSENT, BUGGY or UNKNOWN
+# kind: FIXED, ABSENT, BUGGY or UNKNOWN; functions: the (module, qualname) a BUGGY shape's patch rewrites
+Shape = namedtuple("Shape", "kind reason functions", defaults=((),))
 
 Patch = namedtuple("Patch", [
     "id",
@@ -179,7 +180,8 @@ _records = {}  # id -> dict(state, reason, engine_version, ran, changes, targets
 _sites = {}  # marker site -> SwapCode
 _declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
 _problems = {}  # engine package -> problem lines of its packs
-_hooked = set()  # engine packages whose packs' patches are hooked to their targets
+_hooked = set()  # ids of the patches hooked to their targets (once, whichever engine's import declared them)
+_claims = {}  # (module, qualname) -> the id of the patch judged to rewrite it in this process (see judge)
 _config_cache = []
 _logging_ready = []
 
@@ -302,7 +304,7 @@ def load_all():
         if entry.top in tops:
             _declare(entry)
         else:
-            _skip((entry.top, entry.dist, entry.name, entry.value, entry.root), entry,
+            _skip((entry.top, entry.dist, entry.name, entry.value, entry.root), entry._replace(top=""),
                   "its entry point name %r is not an engine package flashfix watches (%s)"
                   % (entry.name, ", ".join(sorted(tops))))
     return list(_patches.values())
@@ -358,13 +360,14 @@ def load_engine(top):
     first) and hook their patches to their target modules."""
     cfg = config()  # the other engines' packs load here only if FLASHFIX_DISABLE names ids
     _setup_logging(cfg)
+    if any(_packs._normal(e.dist or "") != _packs.OWN for e in _entries()):
+        load_all()  # ids are claimed in one order (flashfix's own first) whichever engine is imported first
     declared = [p for entry in _entries(top) for p in _declare(entry)]
-    bad = list(cfg.problems) + problems(top)
+    bad = list(cfg.problems) + problems(top) + problems("")  # "": entry points that name no engine
     with _lock:
-        first = top not in _hooked
-        _hooked.add(top)
-    if first:
-        _each(declared, lambda patch: _hook_patch(patch, cfg))
+        fresh = [p for p in declared if p.id not in _hooked]
+        _hooked.update(p.id for p in fresh)
+    _each(fresh, lambda patch: _hook_patch(patch, cfg))
     if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
         raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
 
@@ -423,8 +426,10 @@ def read_trees(targets):
     return {name: _source.module_ast(name) for name in targets}
 
 
-def judge(patch, trees, version):
-    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version."""
+def judge(patch, trees, version, claims=None):
+    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version.
+    ``claims``: ``{(module, qualname): id}`` of the functions that patches judged before would
+    rewrite (the runtime's, or one doctor run's): a function is rewritten by one patch only."""
     sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
     if sourceless:
         return "unknown-shape", ("source not available for %s (a sourceless install, a link that does not "
@@ -444,6 +449,11 @@ def judge(patch, trees, version):
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
         if in_range(patch, version):
+            taken = [claims[f] for f in shape.functions if claims is not None and claims.get(f, patch.id) != patch.id]
+            if taken:
+                return "unknown-shape", "%s is rewritten by %s, judged first: one function takes one patch" % (
+                    ".".join(shape.functions[0]), taken[0])
+            claims is None or claims.update(dict.fromkeys(shape.functions, patch.id))
             return "patch", shape.reason
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
@@ -496,7 +506,7 @@ def _decide(patch, record):
     targets = record["targets"]
     modules = {name: sys.modules[name] for name in targets}
     version = record["engine_version"]
-    verdict, reason = judge(patch, read_trees(targets), version)
+    verdict, reason = judge(patch, read_trees(targets), version, _claims)
     if verdict != "patch":
         _set(patch, verdict, reason)
         if verdict == "unknown-shape":
@@ -642,6 +652,6 @@ def revert(*patch_ids):
                 continue
             for change in reversed(record["changes"]):
                 change.undo()
-            record["changes"] = []
+            record["changes"], record["ran"] = [], False
             _set(patch, "disabled", "reverted by flashfix.revert()")
             log.info("reverted %s in pid %d", patch.id, os.getpid())
