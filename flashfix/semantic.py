@@ -67,7 +67,7 @@ from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  
 from flashfix.core.source import ShapeError
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
-_DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # a def these wrap binds no function
+_DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
 
 
 class Block(ast.AST):
@@ -308,14 +308,11 @@ class Rule:
         self.inside = pattern(inside) if inside else None
         self.word = absent_unless_mentioned
         self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
-        self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
-        for node in ast.walk(self.fixed_if[0]) if fixed_if is None else ():  # upstream's form has no $RAN marker
-            for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
-                if isinstance(block, list):
-                    block[:] = [s for s in block if not _ran(s)]
+        self.fixed_if = [pattern(f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [
+            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)])]  # upstream's form has no $RAN marker line
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
-        self.ran = any(map(_ran, ast.walk(self.after)))
+        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
         self.fixed = fixed or "%s has the fixed form `{form}`" % function
         self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (function, _show(
             before.value if isinstance(before, ast.Expr) else before))
@@ -440,10 +437,6 @@ class Rule:
         ast.fix_missing_locations(func_def)
 
 
-def _ran(node):
-    return isinstance(node, ast.Expr) and _meta(node.value) == "RAN"
-
-
 def _free_names(news, func):
     """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
     lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
@@ -533,10 +526,9 @@ class Declaration:
         out, first, names = [], None, set()
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
-            wrapper = [d for d in func.decorator_list if _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
-            if shape.kind == BUGGY and wrapper:  # what the runtime would find there is no function to recompile
-                shape = Shape(UNKNOWN, "%s is not a plain function of %s: it is a @%s" % (
-                    qualname, modname, ast.unparse(wrapper[0])))
+            odd = [ast.unparse(d) for d in func.decorator_list if _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
+            if shape.kind == BUGGY and odd:  # the runtime would find no function there to recompile
+                shape = Shape(UNKNOWN, "%s is not a plain function of %s: @%s" % (qualname, modname, odd[0]))
             if shape.kind != BUGGY:
                 return shape, None, None
             first = first or shape
@@ -548,8 +540,8 @@ class Declaration:
         if lacking:
             return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
         if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
-            first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join(
-                (self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
+            first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join((
+                self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
         return first._replace(functions=tuple((m, q) for _, m, q, _ in out)), out, given
 
     def _lacks(self, name, modname):
@@ -595,9 +587,7 @@ class Declaration:
             edit = functools.partial(rule.edit, given=given, names=names)
             swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
         adds = []
-        for name in sorted(names):
-            if hasattr(module, name):
-                continue
+        for name in sorted(n for n in names if not hasattr(module, n)):
             source = importlib.import_module(self.needs[name]) if name in self.needs else None
             if not hasattr(source, name):
                 raise ShapeError(self._lacks(name, module.__name__))
@@ -605,15 +595,13 @@ class Declaration:
         return adds + swaps
 
     def plan(self, planner):
-        from flashfix.tools import diff as _diff
-
         located, given = self._plan(_source.module_ast)
         names, start = set(), len(planner.changes)
         for rule, modname, qualname, _ in located:
             planner.rewrite(modname, qualname, functools.partial(rule.edit, given=given, names=names))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
-        for name in sorted(n for n in names if n in self.needs and not _diff.binds(modname, n)):  # the probe checked
+        for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 

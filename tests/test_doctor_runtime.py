@@ -181,7 +181,7 @@ def test_a_name_imported_only_for_type_checkers_is_refused_by_both(judged):
 def test_a_property_getter_is_refused_by_both_with_the_same_reason(judged):
     row = _agree(judged, "ffx-property")
     assert row["verdict"] == "unknown-shape", row
-    assert row["reason"] == "BatchUpdateBuilder.removed is not a plain function of %s: it is a @property" % STATE, row
+    assert row["reason"] == "BatchUpdateBuilder.removed is not a plain function of %s: @property" % STATE, row
 
 
 def test_the_same_fix_under_two_ids_applies_once_and_the_doctor_says_which(judged):
@@ -190,8 +190,8 @@ def test_the_same_fix_under_two_ids_applies_once_and_the_doctor_says_which(judge
     assert verdicts == ["patch", "unknown-shape"], rows
     (first,) = [i for i, r in rows.items() if r["verdict"] == "patch"]
     (second,) = [i for i, r in rows.items() if r["verdict"] != "patch"]
-    assert rows[second]["reason"] == "%s.TopKTopPSampler.forward_cpu is rewritten by %s, judged first: one function " \
-                                     "takes one patch" % (SAMPLER, first), rows
+    assert rows[second]["reason"] == "%s.TopKTopPSampler.forward_cpu is rewritten by %s, judged first (one patch per " \
+                                     "function)" % (SAMPLER, first), rows
     assert "edited after import" not in judged["runtime_stderr"]
 
 

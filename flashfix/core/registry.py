@@ -57,8 +57,7 @@ class PatchError(flashfix.HookAbort):
 
 # Plain named tuples, not dataclasses: ``dataclasses`` imports ``inspect``, a sixth of what
 # ``flashfix doctor`` spends on imports.
-# kind: FIXED, ABSENT, BUGGY or UNKNOWN; functions: the (module, qualname) a BUGGY shape's patch rewrites
-Shape = namedtuple("Shape", "kind reason functions", defaults=((),))
+Shape = namedtuple("Shape", "kind reason functions", defaults=((),))  # functions: (module, qualname)s BUGGY rewrites
 
 Patch = namedtuple("Patch", [
     "id",
@@ -427,9 +426,8 @@ def read_trees(targets):
 
 
 def judge(patch, trees, version, claims=None):
-    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version.
-    ``claims``: ``{(module, qualname): id}`` of the functions that patches judged before would
-    rewrite (the runtime's, or one doctor run's): a function is rewritten by one patch only."""
+    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version. ``claims``:
+    ``{(module, qualname): id}`` of the patch judged first to rewrite it (the runtime's, or one doctor run's)."""
     sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
     if sourceless:
         return "unknown-shape", ("source not available for %s (a sourceless install, a link that does not "
@@ -449,10 +447,9 @@ def judge(patch, trees, version, claims=None):
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
         if in_range(patch, version):
-            taken = [claims[f] for f in shape.functions if claims is not None and claims.get(f, patch.id) != patch.id]
+            taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
             if taken:
-                return "unknown-shape", "%s is rewritten by %s, judged first: one function takes one patch" % (
-                    ".".join(shape.functions[0]), taken[0])
+                return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]
             claims is None or claims.update(dict.fromkeys(shape.functions, patch.id))
             return "patch", shape.reason
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (

@@ -322,22 +322,21 @@ def _bindings(statement, name):
 
 
 def binds(modname, name, depth=0, tree=None):
-    """Does module ``modname`` (read from source, or its ``tree``) bind the global ``name``: at its
-    top level, not under ``if TYPE_CHECKING:``, or through ``from x import *``? What
-    ``hasattr(module, name)`` says once it is imported."""
+    """Does module ``modname`` (its source, or ``tree``) bind the global ``name`` at its top level (not under
+    ``if TYPE_CHECKING:``), or through ``from x import *``? ``hasattr(module, name)`` once it is imported."""
     tree = module_ast(modname) if tree is None else tree
     text = getattr(tree, "flashfix_text", "import *" + name)  # a plain ast.Module: no text to look at first
     if not isinstance(tree, ast.Module) or depth > 5 or name not in text and "import *" not in text:
         return False
     stars = []
-    for _, run in tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]:
-        for statement in run:
-            if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
-            if _bindings(statement, name):
-                return True
-            if "import *" in text and not name.startswith("_"):  # a star import binds no private name
-                stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
+    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
+    for statement in (statement for _, run in runs for statement in run):
+        if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
+        if _bindings(statement, name):
+            return True
+        if "import *" in text and not name.startswith("_"):  # a star import binds no private name
+            stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
     package = modname.split(".")[:None if (module_file(modname) or "").endswith("__init__.py") else -1]
     return any(binds(".".join((package[:len(package) + 1 - star.level] if star.level else []) + [star.module] * bool(
         star.module)), name, depth + 1) for star in stars)
