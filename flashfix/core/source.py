@@ -328,14 +328,14 @@ def binds(modname, name, depth=0, tree=None):
     text = getattr(tree, "flashfix_text", "import *" + name)  # a plain ast.Module: no text to look at first
     if not isinstance(tree, ast.Module) or depth > 5 or name not in text and "import *" not in text:
         return False
-    stars = []
+    stars, star = [], "import *" in text and not name.startswith("_")  # a star import binds no private name
     runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
     for statement in (statement for _, run in runs for statement in run):
         if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
         if _bindings(statement, name):
             return True
-        if "import *" in text and not name.startswith("_"):  # a star import binds no private name
+        if star and not isinstance(statement, _DEFS):  # no def or class body holds a star import
             stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
     package = modname.split(".")[:None if (module_file(modname) or "").endswith("__init__.py") else -1]
     return any(binds(".".join((package[:len(package) + 1 - star.level] if star.level else []) + [star.module] * bool(
