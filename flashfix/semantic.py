@@ -37,14 +37,14 @@ The rest of this module's documentation is the comment block below.
 # Derived from the one declaration:
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the function absent from
 #   every site, or the word ``absent_unless_mentioned`` nowhere, or ``context`` says so ->
-#   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met)
-#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
-#   the metavariables);
+#   not-affected; ``before`` present once in each hunk (``where`` binding, ``constraints`` met),
+#   no @property-like wrapper, every name the new code reads a local, a builtin or a global the
+#   module (or ``needs``) binds -> patch (``check`` named: decided at import); else unknown-shape.
+#   ``fixed``/``buggy``: reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}``, metavariables);
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
 #   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``,
-#   a one-time marker at ``$RAN`` or before the edited statement); every name the new code reads
-#   must be a local, a builtin or a global of the module, or the patch is refused whole;
+#   a one-time marker at ``$RAN`` or before the edited statement); the imported module is asked
+#   again for each name, and refuses the patch whole with the probe's reason;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
