@@ -31,14 +31,17 @@ The rest of this module's documentation is the comment block below.
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
 #   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
 #   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
-#   -> patch; else unknown-shape, naming where the nearest candidate differs. ``fixed`` and
-#   ``buggy`` are optional reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}`` and
-#   the metavariables);
+#   (``where`` binding, ``constraints`` met), no @property-like wrapper, every name the new code
+#   reads a local, a builtin or a global the module (or ``needs``) binds -> patch (``check`` named:
+#   decided at import); else unknown-shape, naming where the nearest candidate differs.
+#   ``fixed``/``buggy``: reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}``, metavariables);
 # * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
 #   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
-#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited statement), or, where ``function`` names a
-#   class or is None (the module), the changed statements run there and what they bind is set on it
-#   (``SetAttr``); every name the new code reads must be a local, a builtin or a global of the module;
+#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
+#   the edited statement), or, where ``function`` names a class or is None (the module), the
+#   changed statements run there and what they bind is set on it (``SetAttr``); the imported
+#   module is asked again for each name the new code reads, and refuses the patch whole with the
+#   probe's reason;
 # * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
 #   (one hunk whose ``after`` is upstream's form).
 #
@@ -62,6 +65,7 @@ from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  
 from flashfix.core.source import ShapeError
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
+_DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
 
 
 class Block(ast.AST):
@@ -354,7 +358,8 @@ class Rule:
         self.inside = pattern(inside, "inside") if inside else None
         self.word = absent_unless_mentioned
         self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
-        self.fixed_if = [pattern(f, "fixed_if") for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [after])]
+        self.fixed_if = [pattern(f, "fixed_if") for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [
+            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)])]  # upstream's form has no $RAN marker line
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
         self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
@@ -483,10 +488,10 @@ class Rule:
 
 
 def _free_names(news, func):
-    """Names the new nodes ``news`` read that ``func`` (holding them) binds nowhere: parameters
-    (also of a lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
+    """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
+    lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
     bound = set()
-    for n in ast.walk(func):
+    for n in (n for root in [func] + news for n in ast.walk(root)):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             bound.add(n.id)
         elif isinstance(n, (ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)):
@@ -565,16 +570,33 @@ class Declaration:
             given = self.context(trees[located[0][1]], located[0][3])
             if isinstance(given, Shape):
                 return given, None, None
-        out, first = [], None
+        out, first, names = [], None, set()
         for rule, modname, qualname, func in located:
-            shape = rule.site(func, trees[modname], given)[1]
+            found, shape = rule.site(func, trees[modname], given)
+            odd = [ast.unparse(d) for d in getattr(func, "decorator_list", ()) if isinstance(func, ast.FunctionDef)
+                   and _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
+            if shape.kind == BUGGY and odd:  # the runtime would find no function there to recompile
+                shape = Shape(UNKNOWN, "%s is not a plain function of %s: @%s" % (qualname, modname, odd[0]))
             if shape.kind != BUGGY:
                 return shape, None, None
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
                 _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
+            names.update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
             out.append((rule, modname, qualname, func))
-        return first, out, given
+        modname = located[0][1]  # the names the new code reads, as prepare() asks the imported module
+        lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
+                   and not (n in self.needs and _source.binds(self.needs[n], n))]
+        if lacking:
+            return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
+        if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
+            first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join((
+                self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
+        return first._replace(functions=tuple((m, q) for _, m, q, _ in out)), out, given
+
+    def _lacks(self, name, modname):
+        return "the new code reads %s, which %s lacks%s" % (name, modname, (
+            ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else "")
 
     def _absent(self, trees, defs):
         rule, names = self.hunks[0], " or ".join(sorted({(q or m).rsplit(".", 1)[-1] for m, q in self.sites}))
@@ -622,19 +644,14 @@ class Declaration:
             exec(_body(_source.module_ast(modname, modules), node, edit)[1], vars(target), space)
             swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items() if vars(owner).get(k, space) is not v]
         adds = []
-        for name in sorted(names):
-            if hasattr(module, name):
-                continue
+        for name in sorted(n for n in names if not hasattr(module, n)):
             source = importlib.import_module(self.needs[name]) if name in self.needs else None
             if not hasattr(source, name):
-                raise ShapeError("the new code reads %s, which %s lacks%s" % (name, module.__name__, (
-                    ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else ""))
+                raise ShapeError(self._lacks(name, module.__name__))
             adds.append(_registry.SetAttr(module, name, getattr(source, name)))
         return adds + swaps
 
     def plan(self, planner):
-        from flashfix.tools import diff as _diff
-
         located, given = self._plan(_source.module_ast)
         names, start = set(), len(planner.changes)
         for rule, modname, qualname, node in located:
@@ -642,16 +659,14 @@ class Declaration:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 planner.rewrite(modname, qualname, edit)
             else:
+                from flashfix.tools import diff as _diff
+
                 tree = _source.module_ast(modname)
                 planner.changes.append(_diff.Rewrite(self.id, modname, qualname, tree.flashfix_origin, tree.flashfix_text,
                                                      _body(tree, node, edit)[0], None, None))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
-        for name in sorted(n for n in names if not _diff.binds(modname, n)):
-            if name not in self.needs or not _diff.binds(self.needs[name], name):
-                raise ShapeError("the new code reads %s, which %s does not bind%s: the runtime would leave the engine "
-                                 "as it is" % (name, modname, (", and the %s read here has no %s" % (
-                                     self.needs[name], name)) if name in self.needs else ""))
+        for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 

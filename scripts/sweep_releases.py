@@ -265,7 +265,7 @@ def judge_archive(archive, label, dist):
     """``(version from METADATA, {patch id: (verdict, reason)})`` for the engine ``dist`` in
     ``archive``, as ``flashfix doctor`` would judge it installed."""
     reader = _locate.ZipReader(archive, label)
-    verdicts = {}
+    verdicts, claims = {}, {}  # claims: one patch per function, as the doctor and the runtime judge
     with _locate.reading(reader):
         version = reader.version(dist)
         for patch in patches_of(dist):
@@ -274,7 +274,7 @@ def judge_archive(archive, label, dist):
             except Exception as exc:
                 verdicts[patch.id] = ("unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
                 continue
-            verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version)
+            verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version, claims)
     return version, verdicts
 
 

@@ -266,10 +266,13 @@ def test_diff_of_the_vllm_prefix_tree_from_outside(tmp_path):
     # ... and the factory that runs builds the sink wrapper, as 0.28.0's does
     factories = [ast.unparse(_source.find_def(a, "FlashInferMetadataBuilder._get_prefill_wrapper")) for a in afters]
     assert ["BatchAttentionWithAttentionSinkWrapper(" in f for f in factories].count(True) == 1
-    # without a FlashInfer next to it, prepare() would refuse (it takes the sink wrapper from there)
+    # without a FlashInfer next to it, the doctor refuses as prepare() would (it takes the sink wrapper from
+    # there), with the runtime's reason, and diff shows the patch not applied
+    reason = ("the new code reads BatchAttentionWithAttentionSinkWrapper, which vllm.v1.attention.backends.flashinfer "
+              "lacks, and the installed flashinfer has no BatchAttentionWithAttentionSinkWrapper")
+    rows = {r["id"]: (r["verdict"], r["reason"]) for r in v.doctor_json("--path", tree)}
+    assert rows["vllm-sink-prefill"] == ("unknown-shape", reason), rows
     alone = v.cli("diff", "vllm-sink-prefill", "--path", tree)
-    assert alone.returncode == 1, alone.stderr
+    assert alone.returncode == 0, alone.stderr
     assert alone.stdout.splitlines()[1] == (
-        "vllm-sink-prefill (vllm 0.27.2.dev41+g0123abc): would not apply: the new code reads "
-        "BatchAttentionWithAttentionSinkWrapper, which vllm.v1.attention.backends.flashinfer does not bind, and the "
-        "flashinfer read here has no BatchAttentionWithAttentionSinkWrapper: the runtime would leave the engine as it is")
+        "vllm-sink-prefill (vllm 0.27.2.dev41+g0123abc): not applied: unknown-shape: " + reason)

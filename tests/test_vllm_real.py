@@ -37,6 +37,7 @@ import vllm_prefix_shape  # noqa: E402
 
 this_checkout.flashfix()
 from flashfix import vllm_patch
+from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source  # noqa: E402
 
@@ -78,6 +79,12 @@ def installed_file(requirement):
                           / "backends" / "flashinfer.py"))
     assert len(found) == 1, found
     return found[0]
+
+
+def release_env(requirement):
+    """The release's environment, read as ``doctor --path`` reads it: the probe finds there the
+    FlashInfer class that the new code takes from ``flashinfer`` (``needs``)."""
+    return _locate.reading(_locate.PathReader([Path(installed_file(requirement)).parents[4]]))
 
 
 # --- releases: doctor and runtime -------------------------------------------------------------
@@ -165,7 +172,11 @@ def test_prefix_derivation_and_edits_match_release(release):
     fixed_source = Path(installed_file("vllm==" + release)).read_text()
     prefix_source = vllm_prefix_shape.derive_prefix_source(fixed_source)
     prefix, fixed = ast.parse(prefix_source), ast.parse(fixed_source)
+    with release_env("vllm==" + release):
+        _judged_and_edited_as_the_release(release, prefix, fixed, fixed_source)
 
+
+def _judged_and_edited_as_the_release(release, prefix, fixed, fixed_source):
     # the doctor: the release fixed, the derived shape patchable (also as a dev build), old versions refused
     assert _registry.judge(PATCH, {TARGET: fixed}, release)[0] == "fixed-upstream"
     for version in (release, "0.27.2.dev41+g0123abc", release + ".dev7", None):
@@ -206,6 +217,11 @@ def test_prefix_derivation_and_edits_match_release(release):
 
 def test_shapes_refused_with_a_reason():
     """Code that flashfix cannot read with certainty is refused, saying why (AST only)."""
+    with release_env("vllm==0.30.0"):
+        _refused_with_a_reason()
+
+
+def _refused_with_a_reason():
     base = Path(installed_file("vllm==0.30.0")).read_text()
     prefix = vllm_prefix_shape.derive_prefix_source(base)
 

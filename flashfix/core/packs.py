@@ -13,9 +13,9 @@ every engine import. A copy of flashfix without installed metadata (a source che
 the distribution ``flashfix`` (``builtin`` true), loaded by that same function.
 
 Nothing here runs at interpreter start: the entry points are read (``importlib.metadata``) when an
-engine's top-level package is first imported, and by
-``status``, ``doctor``, ``diff`` and the sweep. Only the packs named for that engine are
-imported then.
+engine's top-level package is first imported, and by ``status``, ``doctor``, ``diff`` and the sweep.
+Then, if only flashfix's own are installed, that engine's are imported; else every pack is, flashfix's
+own first, so ids are claimed in one order whichever engine comes first.
 
 A pack is loaded whole or not at all: if its import fails, if it has no ``PATCHES``, if one
 declaration is not a ``Patch`` or lacks a field, or if an id is already taken (by flashfix or

@@ -57,7 +57,7 @@ class PatchError(flashfix.HookAbort):
 
 # Plain named tuples, not dataclasses: ``dataclasses`` imports ``inspect``, a sixth of what
 # ``flashfix doctor`` spends on imports.
-Shape = namedtuple("Shape", "kind reason")  # kind: FIXED, ABSENT, BUGGY or UNKNOWN
+Shape = namedtuple("Shape", "kind reason functions", defaults=((),))  # functions: (module, qualname)s BUGGY rewrites
 
 Patch = namedtuple("Patch", [
     "id",
@@ -182,7 +182,8 @@ _records = {}  # id -> dict(state, reason, engine_version, ran, changes, targets
 _sites = {}  # marker site -> SwapCode
 _declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
 _problems = {}  # engine package -> problem lines of its packs
-_hooked = set()  # engine packages whose packs' patches are hooked to their targets
+_hooked = set()  # ids of the patches hooked to their targets (once, whichever engine's import declared them)
+_claims = {}  # (module, qualname) -> the id of the patch judged to rewrite it in this process (see judge)
 _config_cache = []
 _logging_ready = []
 
@@ -305,7 +306,7 @@ def load_all():
         if entry.top in tops:
             _declare(entry)
         else:
-            _skip((entry.top, entry.dist, entry.name, entry.value, entry.root), entry,
+            _skip((entry.top, entry.dist, entry.name, entry.value, entry.root), entry._replace(top=""),
                   "its entry point name %r is not an engine package flashfix watches (%s)"
                   % (entry.name, ", ".join(sorted(tops))))
     return list(_patches.values())
@@ -364,13 +365,14 @@ def load_engine(top):
     first) and hook their patches to their target modules."""
     cfg = config()  # the other engines' packs load here only if FLASHFIX_DISABLE names ids
     _setup_logging(cfg)
+    if any(_packs._normal(e.dist or "") != _packs.OWN for e in _entries()):
+        load_all()  # ids are claimed in one order (flashfix's own first) whichever engine is imported first
     declared = [p for entry in _entries(top) for p in _declare(entry)]
-    bad = list(cfg.problems) + problems(top)
+    bad = list(cfg.problems) + problems(top) + problems("")  # "": entry points that name no engine
     with _lock:
-        first = top not in _hooked
-        _hooked.add(top)
-    if first:
-        _each(declared, lambda patch: _hook_patch(patch, cfg))
+        fresh = [p for p in declared if p.id not in _hooked]
+        _hooked.update(p.id for p in fresh)
+    _each(fresh, lambda patch: _hook_patch(patch, cfg))
     if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
         raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
 
@@ -430,8 +432,9 @@ def read_trees(targets):
     return {name: _source.module_ast(name) for name in targets}
 
 
-def judge(patch, trees, version):
-    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version."""
+def judge(patch, trees, version, claims=None):
+    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version. ``claims``:
+    ``{(module, qualname): id}`` of the patch judged first to rewrite it (the runtime's, or one doctor run's)."""
     sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
     if sourceless:
         return "unknown-shape", ("source not available for %s (a sourceless install, a link that does not "
@@ -453,8 +456,13 @@ def judge(patch, trees, version):
         unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed")
                  for d, s in sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
         if in_range(patch, version):
-            return ("unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
-                    ) if unmet else ("patch", shape.reason)
+            if unmet:
+                return "unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
+            taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
+            if taken:
+                return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]
+            claims is None or claims.update(dict.fromkeys(shape.functions, patch.id))
+            return "patch", shape.reason
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason
@@ -506,7 +514,7 @@ def _decide(patch, record):
     targets = record["targets"]
     modules = {name: sys.modules[name] for name in targets}
     version = record["engine_version"]
-    verdict, reason = judge(patch, read_trees(targets), version)
+    verdict, reason = judge(patch, read_trees(targets), version, _claims)
     if verdict != "patch":
         _set(patch, verdict, reason)
         if verdict == "unknown-shape":
@@ -652,6 +660,6 @@ def revert(*patch_ids):
                 continue
             for change in reversed(record["changes"]):
                 change.undo()
-            record["changes"] = []
+            record["changes"], record["ran"] = [], False
             _set(patch, "disabled", "reverted by flashfix.revert()")
             log.info("reverted %s in pid %d", patch.id, os.getpid())

@@ -321,6 +321,27 @@ def _bindings(statement, name):
     return sorted(found, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
+def binds(modname, name, depth=0, tree=None):
+    """Does module ``modname`` (its source, or ``tree``) bind the global ``name`` at its top level (not under
+    ``if TYPE_CHECKING:``), or through ``from x import *``? ``hasattr(module, name)`` once it is imported."""
+    tree = module_ast(modname) if tree is None else tree
+    text = getattr(tree, "flashfix_text", "import *" + name)  # a plain ast.Module: no text to look at first
+    if not isinstance(tree, ast.Module) or depth > 5 or name not in text and "import *" not in text:
+        return False
+    stars, star = [], "import *" in text and not name.startswith("_")  # a star import binds no private name
+    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
+    for statement in (statement for _, run in runs for statement in run):
+        if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
+        if _bindings(statement, name):
+            return True
+        if star and not isinstance(statement, _DEFS):  # no def or class body holds a star import
+            stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
+    package = modname.split(".")[:None if (module_file(modname) or "").endswith("__init__.py") else -1]
+    return any(binds(".".join((package[:len(package) + 1 - star.level] if star.level else []) + [star.module] * bool(
+        star.module)), name, depth + 1) for star in stars)
+
+
 def method_calls(node, attr):
     """Every call ``<expr>.attr(...)`` inside ``node``."""
     return [
@@ -427,7 +448,7 @@ def _def_node(func, tree=None):
         else [(None, tree.body)]
     for _, run in runs:  # only the statements that hold the function's first line are walked
         for statement in run:
-            if statement.lineno <= code.co_firstlineno <= statement.end_lineno:
+            if _first_line(statement) <= code.co_firstlineno <= statement.end_lineno:  # a decorated def too
                 for node in ast.walk(statement):
                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
                         first = min([node.lineno] + [d.lineno for d in node.decorator_list])

@@ -139,19 +139,7 @@ def _resolve(module, node):
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def binds(module, name, depth=0):
-    """Does ``module`` (read from source) bind ``name`` at its top level, directly or
-    through ``from x import *``? What ``hasattr(module, name)`` would say once imported."""
-    try:
-        _, tree = _module(module)
-    except ShapeError:
-        return False
-    names, stars = _top_names(tree)
-    if name in names:
-        return True
-    if depth < 5:
-        return any(binds(_resolve(module, star), name, depth + 1) for star in stars)
-    return False
+binds = _source.binds  # what ``hasattr(module, name)`` would say once imported, read from source
 
 
 def definition(module, name, depth=0):

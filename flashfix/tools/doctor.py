@@ -34,16 +34,16 @@ def diagnose(reader=None):
             return diagnose()
     patches = _registry.load_all()
     cfg = _registry.config()
-    rows = []
+    rows, claims = [], {}  # the functions the patches judged so far would rewrite, as at run time
     for patch in patches:
         with _locate.recording() as sources:
-            row = _diagnose_one(patch, cfg)
+            row = _diagnose_one(patch, cfg, claims)
         row["sources"] = sources
         rows.append(row)
     return rows, cfg
 
 
-def _diagnose_one(patch, cfg):
+def _diagnose_one(patch, cfg, claims):
     version = _registry.engine_version(patch.engine)
     in_range = False
     try:
@@ -57,7 +57,7 @@ def _diagnose_one(patch, cfg):
     elif targets is None:
         verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
     else:
-        verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version)
+        verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, claims)
         in_range = _registry.in_range(patch, version)
     _source.forget()
     return {
