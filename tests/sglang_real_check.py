@@ -60,6 +60,10 @@ def plain(owner, name, module):
 functions = {
     sglang_patch.FP8_ID: plain(flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
     sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
+    sglang_patch.DRAFT_GRAPH_ID: plain(flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
+                                       flashinfer_backend),
+    sglang_patch.PLAN_HEADS_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__",
+                                      flashinfer_backend),
 }
 defs = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
 site_module, site_name, _ = defs[0] if len(defs) == 1 else (None, None, None)
@@ -275,8 +279,95 @@ def forward_extend_exercise():
     return out
 
 
+# --- exercise 4: the EAGLE multi-step draft CUDA-graph kv_indices buffer ----------------------
+class TorchOnCpu:
+    """The backend module's ``torch``, allocating its ``device="cuda"`` buffers on the CPU."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, **kwargs)
+
+
+class StepBackend:
+    """Stands in for one draft step's FlashInferAttnBackend: records the row it is handed."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None):
+        self.log.append(list(kv_indices_buf.shape))
+
+
+DRAFT_CASES = {"topk4": (4, 3, 8, 64), "topk1": (1, 3, 8, 64)}  # name -> (topk, steps, max_bs, max_context_len)
+
+
+def draft_graph_exercise():
+    """SGLang's own init_cuda_graph_state on a bare multi-step draft backend."""
+    out, saved = {}, flashinfer_backend.torch
+    flashinfer_backend.torch = TorchOnCpu()
+    try:
+        for case, (topk, steps, max_bs, context) in DRAFT_CASES.items():
+            log = []
+            backend = object.__new__(flashinfer_backend.FlashInferMultiStepDraftBackend)
+            backend.__dict__.update(topk=topk, speculative_num_steps=steps, max_context_len=context,
+                                    attn_backends=[StepBackend(log) for _ in range(steps)])
+            backend.init_cuda_graph_state(max_bs, max_bs * topk)
+            out[case] = {"buffer": list(backend.cuda_graph_kv_indices.shape), "rows": log}
+    finally:
+        flashinfer_backend.torch = saved
+    return out
+
+
+# --- exercise 5: the query-head count the indices updaters plan with -------------------------
+class Anything:
+    """Whatever the updaters' __init__ reads and this exercise does not care about."""
+
+    def __getattr__(self, name):
+        return Anything()
+
+    def __call__(self, *args, **kwargs):
+        return Anything()
+
+    def __getitem__(self, key):
+        return Anything()
+
+
+def plan_heads_exercise():
+    """SGLang's own FlashInferIndicesUpdater{Decode,Prefill}.__init__ with per-layer head counts
+    (largest 24, model-wide 16) and without; tensor-parallel size 2."""
+    saved = {n: flashinfer_backend.__dict__[n] for n in ("get_attention_tp_size", "get_parallel")
+             if n in flashinfer_backend.__dict__}
+    flashinfer_backend.get_attention_tp_size = lambda: 2
+    flashinfer_backend.get_parallel = lambda: SimpleNamespace(attn_tp_size=2, attn_dcp_size=1)
+    out = {}
+    try:
+        for case, per_layer in {"per_layer": [16, 24, 16], "uniform": None}.items():
+            text = SimpleNamespace(num_attention_heads_per_layer=per_layer) if per_layer else SimpleNamespace()
+            config = SimpleNamespace(num_attention_heads=16, hf_text_config=text, head_dim=64,
+                                     get_num_kv_heads=lambda *tp: 4,
+                                     get_max_num_attention_heads=lambda: max(per_layer or [16]))
+            runner, backend = Anything(), Anything()
+            runner.__dict__.update(model_config=config, sliding_window_size=None)
+            backend.__dict__.update(dispatch_reason=None, num_wrappers=1)
+            for kind in ("Decode", "Prefill"):
+                updater = getattr(flashinfer_backend, "FlashInferIndicesUpdater" + kind)
+                try:
+                    out["%s/%s" % (case, kind)] = updater(runner, backend).num_qo_heads
+                except Exception as exc:
+                    out["%s/%s" % (case, kind)] = repr(exc)[:300]
+    finally:
+        for name in ("get_attention_tp_size", "get_parallel"):
+            flashinfer_backend.__dict__.pop(name, None)
+        flashinfer_backend.__dict__.update(saved)
+    return out
+
+
 def exercises():
-    return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise()}
+    return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise(),
+            "draft_graph": draft_graph_exercise(), "plan_heads": plan_heads_exercise()}
 
 
 with_fix = exercises()
@@ -342,12 +433,75 @@ def global_helper_variant():
 
 report("global_variant", global_helper_variant())
 
+
+def derived(patch, reverts, exercise):
+    """Where the release has ``patch``'s fix upstream, upstream's change reverted in a copy of the
+    backend module (each of ``reverts``, ``(function, before, after)`` in upstream's own form, turned
+    back by derive_prefix), loaded under another name: the shipped declaration judges the copy,
+    patches it, and ``exercise`` then gives the release's answers; undone, the bug's."""
+    import importlib.util
+
+    global flashinfer_backend
+    if status[patch.id]["state"] != "fixed-upstream":
+        return None
+    text = open(flashinfer_backend.__file__).read()
+    for function, before, after in reverts:
+        upstream = semantic.Backport(
+            id="test-upstream", engine="sglang", versions=">=0", upstream="", fixed_in="", summary="",
+            doc="Delete when: never", module=flashinfer_backend.__name__, function=function, before=before, after=after)
+        text = semantic.derive_prefix(upstream, text)
+    name = "ffx_derived_" + patch.id.replace("-", "_")
+    path = os.path.join(tempfile.mkdtemp(prefix="ffx-derived-"), name + ".py")
+    with open(path, "w") as handle:
+        handle.write(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    copy_module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = copy_module
+    spec.loader.exec_module(copy_module)
+    out = {"verdict": list(_registry.judge(patch, {flashinfer_backend.__name__: _source.parse_file(path)}, VERSION))}
+    declaration = copy.copy(patch.rule)  # the same declaration, anchored to the copy
+    declaration.hunks = [copy.copy(rule) for rule in declaration.hunks]
+    for rule in declaration.hunks:
+        rule.module = name
+    declaration.sites = ((name, declaration.hunks[0].function),)
+    changes = declaration.prepare({name: copy_module})
+    released, flashinfer_backend = flashinfer_backend, copy_module
+    try:
+        out["derived"] = exercise()
+        for change in changes:
+            change.apply()
+        out["patched"] = exercise()
+        for change in reversed(changes):
+            change.undo()
+        out["undone"] = exercise()
+    finally:
+        flashinfer_backend = released
+    out["release"] = exercise()
+    return out
+
+
+report("derived", {
+    sglang_patch.DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_DRAFT_GRAPH_KV_INDICES, [(
+        "FlashInferMultiStepDraftBackend.init_cuda_graph_state",
+        "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, $BS * self.max_context_len), **$$$K)",
+        "kv_indices_width = draft_kv_indices_buffer_width($BS, self.topk, self.max_context_len)\n"
+        "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, kv_indices_width), **$$$K)")],
+        draft_graph_exercise),
+    sglang_patch.PLAN_HEADS_ID: derived(sglang_patch.PER_LAYER_HEADS_PLAN, [
+        ("FlashInferIndicesUpdater%s.__init__" % kind, "model_runner.model_config.num_attention_heads // $TP",
+         "model_runner.model_config.get_max_num_attention_heads() // $TP") for kind in ("Decode", "Prefill")],
+        plan_heads_exercise),
+})
+
 applied_codes = {k: f.__code__ for k, f in functions.items()}
 flashfix.revert()
 report("reverted", {
     "same_objects": {k: plain(*where) is functions[k] for k, where in {
         sglang_patch.FP8_ID: (flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
         sglang_patch.VISION_ID: (model_config.ModelConfig, "__init__", model_config),
+        sglang_patch.DRAFT_GRAPH_ID: (flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
+                                      flashinfer_backend),
+        sglang_patch.PLAN_HEADS_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__", flashinfer_backend),
     }.items()},
     "code_restored": {k: untouched(f) for k, f in functions.items()},
     "code_changed_by_revert": {k: f.__code__ is not applied_codes[k] for k, f in functions.items()},
