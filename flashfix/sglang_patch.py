@@ -166,4 +166,52 @@ PER_LAYER_HEADS_PLAN = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.17.""")
 
 
-PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN)
+SWA_FULL_RAGGED_ID = "sglang-swa-full-attn-ragged-prefix"
+
+
+def _after_26513(tree, func):
+    """Before sglang#26513 (0.5.1 to 0.5.12) the SWA wrapper's ragged plan is wrong too, in another
+    shape: this fix completes #26513 and has nothing to complete there."""
+    if find(pattern("$_._build_swa_prefix_custom_mask($$$_)"), [func]):
+        return {}
+    return Shape(ABSENT, "update_sliding_window predates sglang#26513 (no prefix-only plan for the SWA wrapper): "
+                         "both wrappers' ragged plans cover unwritten extend slots there, which flashfix does not "
+                         "carry (#26513 is not backportable as a declaration)")
+
+
+SWA_FULL_ATTN_RAGGED_PREFIX = Backport(
+    id=SWA_FULL_RAGGED_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.21",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.20...v0.5.21 (PR number not identified)",
+    module=_BACKEND, function="FlashInferIndicesUpdaterPrefill.update_sliding_window", context=_after_26513,
+    before="paged_kernel_lens = seq_lens\npaged_kernel_lens_sum = seq_lens_sum\nkv_start_idx = seq_lens - paged_kernel_lens",
+    after="""
+if use_ragged:
+    paged_kernel_lens = prefix_lens
+    paged_kernel_lens_sum = prefix_lens.sum().item()
+    kv_start_idx = None
+else:
+    paged_kernel_lens = seq_lens
+    paged_kernel_lens_sum = seq_lens_sum
+    kv_start_idx = seq_lens - paged_kernel_lens
+""", fixed_if="paged_kernel_lens = prefix_lens",
+    fixed="the full-attention wrapper of a ragged SWA extend is planned over the cached prefix only",
+    buggy="{name} (line {line}): the full-attention wrapper of a ragged SWA extend is planned over whole "
+          "sequences, extend slots not yet written included",
+    summary="SWA models, ragged extend over a cached prefix: the full-attention layers' paged pass reads the "
+            "prefix only, not the extend slots whose K/V are written after it",
+    doc="""Why: on a prefix-cache hit, forward_extend runs the new tokens through the ragged wrapper and
+    the cached prefix through the paged one (causal=False), then merges; the new tokens' K/V are
+    written to the cache only afterwards. #26513 (0.5.13) planned the sliding-window wrapper over the
+    prefix; the full-attention wrapper of the same models (Gemma 2/3, GPT-OSS, ...) stayed planned
+    over prefix + extend, so every query also attends to the extend slots' stale cache contents.
+    How: as upstream, on the ragged path the full-attention wrapper is planned over prefix_lens from
+    slot 0 (upstream sums the host copy of the prefix lengths where the release has it; this sums
+    the device tensor, as the SWA branch beside it does). The paged-only path is unchanged.
+    Affected: 0.5.13 to 0.5.20 (0.5.1 to 0.5.12 have the bug inside the unfixed #26513 shape: see
+    _after_26513).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
+
+
+PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN,
+           SWA_FULL_ATTN_RAGGED_PREFIX)

@@ -64,6 +64,8 @@ functions = {
                                        flashinfer_backend),
     sglang_patch.PLAN_HEADS_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__",
                                       flashinfer_backend),
+    sglang_patch.SWA_FULL_RAGGED_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
+                                           flashinfer_backend),
 }
 defs = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
 site_module, site_name, _ = defs[0] if len(defs) == 1 else (None, None, None)
@@ -365,9 +367,41 @@ def plan_heads_exercise():
     return out
 
 
+# --- exercise 6: what update_sliding_window plans each wrapper over (ragged extend, cached prefix) ---
+def swa_plan_exercise():
+    """SGLang's own FlashInferIndicesUpdaterPrefill.update_sliding_window, window 4, two requests with
+    (prefix, extend) = (6, 3) and (2, 5), with ``call_begin_forward`` recorded instead of run (the
+    paged wrappers' plan() inputs: lengths, their sum, start slots)."""
+    out = {}
+    for ragged in (True, False):
+        log = []
+
+        def record(*args, **kwargs):
+            lens, total, start = args[3], args[4], args[7]
+            log.append({"lens": lens.tolist(), "sum": int(total),
+                        "start": None if start is None else start.tolist(),
+                        "mask": kwargs.get("cross_attention_custom_mask") is not None})
+
+        updater = object.__new__(flashinfer_backend.FlashInferIndicesUpdaterPrefill)
+        updater.__dict__.update(sliding_window_size=4, _swa_kv_pool=None, token_to_kv_pool_allocator=None,
+                                prefill_wrapper_ragged="ragged", kv_indptr=[None, None], qo_indptr=[None, None],
+                                call_begin_forward=record)
+        seq_lens, prefix_lens = torch.tensor([9, 7]), torch.tensor([6, 2])
+        extra = {"plan": None} if "plan" in updater.update_sliding_window.__code__.co_varnames else {}  # 0.5.23
+        try:
+            updater.update_sliding_window(**extra,
+                req_pool_indices=torch.tensor([0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens, seq_lens_sum=16,
+                prefix_lens=prefix_lens, prefill_wrappers=["swa", "full"], use_ragged=ragged, encoder_lens=None,
+                spec_info=None)
+            out["ragged" if ragged else "paged"] = log
+        except Exception as exc:
+            out["ragged" if ragged else "paged"] = repr(exc)[:300]
+    return out
+
+
 def exercises():
     return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise(),
-            "draft_graph": draft_graph_exercise(), "plan_heads": plan_heads_exercise()}
+            "draft_graph": draft_graph_exercise(), "plan_heads": plan_heads_exercise(), "swa_plan": swa_plan_exercise()}
 
 
 with_fix = exercises()
@@ -491,6 +525,10 @@ report("derived", {
         ("FlashInferIndicesUpdater%s.__init__" % kind, "model_runner.model_config.num_attention_heads // $TP",
          "model_runner.model_config.get_max_num_attention_heads() // $TP") for kind in ("Decode", "Prefill")],
         plan_heads_exercise),
+    sglang_patch.SWA_FULL_RAGGED_ID: derived(sglang_patch.SWA_FULL_ATTN_RAGGED_PREFIX, [(
+        "FlashInferIndicesUpdaterPrefill.update_sliding_window",
+        "if wrapper_id == 0:\n    $$$A\nelse:\n    $$$C",
+        "if wrapper_id == 0:\n    $$$A\nelif use_ragged:\n    $$$B\nelse:\n    $$$C")], swa_plan_exercise),
 })
 
 applied_codes = {k: f.__code__ for k, f in functions.items()}
@@ -502,6 +540,8 @@ report("reverted", {
         sglang_patch.DRAFT_GRAPH_ID: (flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
                                       flashinfer_backend),
         sglang_patch.PLAN_HEADS_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__", flashinfer_backend),
+        sglang_patch.SWA_FULL_RAGGED_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
+                                          flashinfer_backend),
     }.items()},
     "code_restored": {k: untouched(f) for k, f in functions.items()},
     "code_changed_by_revert": {k: f.__code__ is not applied_codes[k] for k, f in functions.items()},

@@ -21,17 +21,18 @@ AUTOTUNE = "sglang-sm120-fp8-autotune"
 VISION = "sglang-vision-config"
 DRAFT = "sglang-eagle-draft-graph-kv-indices"
 HEADS = "sglang-per-layer-heads-plan"
-IDS = (FP8, AUTOTUNE, VISION, DRAFT, HEADS)
+SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
+IDS = (FP8, AUTOTUNE, VISION, DRAFT, HEADS, SWA_FULL)
 
-PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", HEADS: "patch"}
+PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", HEADS: "patch", SWA_FULL: "patch"}
 FIXED = dict.fromkeys(IDS, "fixed-upstream")
-NO_FP8_AUTOTUNE = {FP8: "patch", AUTOTUNE: "not-affected", VISION: "patch", DRAFT: "fixed-upstream", HEADS: "patch"}
+NO_FP8_AUTOTUNE = dict(PATCH, **{AUTOTUNE: "not-affected"})
 EXPECTED = {  # release -> doctor verdict per patch (read off the wheels; see sglang_patch.py)
-    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch"}),
+    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", SWA_FULL: "not-affected"}),
     "0.5.13": NO_FP8_AUTOTUNE,
     "0.5.14": PATCH,
     "0.5.17": dict(PATCH, **{HEADS: "fixed-upstream"}),
-    "0.5.18": FIXED,
+    "0.5.18": dict(FIXED, **{SWA_FULL: "patch"}),
     "0.5.23": FIXED,
 }
 AUTOTUNE_SITE = {
@@ -191,6 +192,37 @@ def test_indices_updaters_plan_for_the_widest_layer(release):
     assert derived["verdict"][0] == "patch", derived["verdict"]
     assert derived["derived"]["per_layer/Decode"] == derived["derived"]["per_layer/Prefill"] == 8  # the bug
     assert derived["patched"] == derived["release"] == fixed
+    assert derived["undone"] == derived["derived"]
+
+
+SWA_PLANS = {  # update_sliding_window, window 4, (prefix, extend) = (6, 3), (2, 5): each wrapper's plan
+    "swa_prefix_only": {"lens": [4, 2], "sum": 6, "start": [2, 0], "mask": True},  # #26513 (0.5.13 on)
+    "swa_whole": {"lens": [7, 7], "sum": 14, "start": [2, 0], "mask": False},
+    "full_prefix_only": {"lens": [6, 2], "sum": 8, "start": None, "mask": False},  # the fix (0.5.21 on)
+    "full_whole": {"lens": [9, 7], "sum": 16, "start": [0, 0], "mask": False},
+}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_swa_full_attention_wrapper_reads_the_prefix_only_on_the_ragged_path(release):
+    # SGLang's own FlashInferIndicesUpdaterPrefill.update_sliding_window, call_begin_forward recorded:
+    # on the ragged path the full-attention wrapper must cover the cached prefix only, from slot 0
+    r, plans = report(release), SWA_PLANS
+    paged = [plans["swa_whole"], plans["full_whole"]]  # paged-only: whole sequences, before and after
+    verdict = EXPECTED[release][SWA_FULL]
+    fixed = [plans["swa_prefix_only"], plans["full_prefix_only"]]
+    bug = [plans["swa_prefix_only"], plans["full_whole"]]
+    if verdict == "not-affected":  # before #26513: both wrappers cover the extend slots, with or without flashfix
+        fixed = bug = [plans["swa_whole"], plans["full_whole"]]
+    assert r["with"]["swa_plan"] == {"ragged": fixed, "paged": paged}
+    assert r["without"]["swa_plan"] == {"ragged": bug if verdict == "patch" else fixed, "paged": paged}
+    derived = r["derived"][SWA_FULL]  # from the first fixed release on: upstream's change reverted in a copy
+    if verdict != "fixed-upstream":
+        assert derived is None
+        return
+    assert derived["verdict"][0] == "patch", derived["verdict"]
+    assert derived["derived"]["ragged"] == [plans["swa_prefix_only"], plans["full_whole"]]  # the bug
+    assert derived["patched"] == derived["release"] == r["with"]["swa_plan"]
     assert derived["undone"] == derived["derived"]
 
 
