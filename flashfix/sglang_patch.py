@@ -110,21 +110,15 @@ VISION_CONFIG = Backport(
 
 
 
-DRAFT_GRAPH_ID = "sglang-eagle-draft-graph-kv-indices"
-
-EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
-    id=DRAFT_GRAPH_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
-    upstream="https://github.com/sgl-project/sglang/pull/27338",
-    module="sglang.srt.layers.attention.flashinfer_backend",
-    function="FlashInferMultiStepDraftBackend.init_cuda_graph_state",
+DRAFT_GRAPH_ID, MLA_DRAFT_GRAPH_ID = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
+_DRAFT_ROW = dict(  # the multi-step draft backends' init_cuda_graph_state, FlashInfer and FlashInfer-MLA alike
+    versions=">=0.5.1", fixed_in="0.5.13", function="init_cuda_graph_state",
     before="(self.speculative_num_steps, $BS * self.max_context_len)",
     after="(self.speculative_num_steps, $BS * self.topk * self.max_context_len)",
     fixed_if=("draft_kv_indices_buffer_width($$$_)", "(self.speculative_num_steps, $BS * self.topk * self.max_context_len)"),
     fixed="the draft CUDA-graph kv_indices row has the topk factor (`{form}`)",
-    buggy="{name} (line {line}) sizes each step's kv_indices row {BS} * max_context_len, without topk",
-    summary="EAGLE multi-step draft with the FlashInfer CUDA graph: each step's kv_indices row holds "
-            "topk branches per sequence, so the draft kernel no longer writes past it",
-    doc="""Why: the draft-decode kernel (generate_draft_decode_kv_indices) packs topk branches per
+    buggy="{name} (line {line}) sizes each step's kv_indices row {BS} * max_context_len, without topk")
+_DRAFT_DOC = """Why: the draft-decode kernel (generate_draft_decode_kv_indices) packs topk branches per
     sequence into each step's row of ``cuda_graph_kv_indices``, up to seq_lens_sum * topk entries;
     the eager path sizes its rows batch * topk * max_context_len, the CUDA-graph buffer only
     max_bs * max_context_len. With EAGLE topk > 1 and long contexts the kernel writes past its row
@@ -133,7 +127,23 @@ EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
     topk == 1 (the default for many setups) is unchanged.
     Affected: every final release from 0.5.1 to 0.5.12.post1.
 
-    Delete when: flashfix no longer supports SGLang older than 0.5.13.""")
+    Delete when: flashfix no longer supports SGLang older than 0.5.13."""
+
+EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
+    id=DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27338",
+    module="sglang.srt.layers.attention.flashinfer_backend", **dict(
+        _DRAFT_ROW, function="FlashInferMultiStepDraftBackend.init_cuda_graph_state"),
+    summary="EAGLE multi-step draft with the FlashInfer CUDA graph: each step's kv_indices row holds "
+            "topk branches per sequence, so the draft kernel no longer writes past it",
+    doc=_DRAFT_DOC)
+
+EAGLE_MLA_DRAFT_GRAPH_KV_INDICES = Backport(
+    id=MLA_DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27460",
+    module="sglang.srt.layers.attention.flashinfer_mla_backend", **dict(
+        _DRAFT_ROW, function="FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state"),
+    summary="EAGLE multi-step draft with the FlashInfer-MLA CUDA graph (DeepSeek MTP): each step's kv_indices "
+            "row holds topk branches per sequence",
+    doc="The same bug and fix as " + DRAFT_GRAPH_ID + ", in the MLA backend's draft backend.\n    " + _DRAFT_DOC)
 
 
 PLAN_HEADS_ID = "sglang-per-layer-heads-plan"
@@ -213,5 +223,5 @@ else:
     Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
 
 
-PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN,
-           SWA_FULL_ATTN_RAGGED_PREFIX)
+PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES,
+           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_FULL_ATTN_RAGGED_PREFIX)

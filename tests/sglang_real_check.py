@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import sglang.srt.configs.model_config as model_config  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
+import sglang.srt.layers.attention.flashinfer_mla_backend as flashinfer_mla_backend  # noqa: E402
 import sglang.srt.model_executor.model_runner  # noqa: E402,F401
 from flashfix import semantic, sglang_patch  # noqa: E402
 
@@ -62,6 +63,8 @@ functions = {
     sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
     sglang_patch.DRAFT_GRAPH_ID: plain(flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
                                        flashinfer_backend),
+    sglang_patch.MLA_DRAFT_GRAPH_ID: plain(flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend,
+                                           "init_cuda_graph_state", flashinfer_mla_backend),
     sglang_patch.PLAN_HEADS_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__",
                                       flashinfer_backend),
     sglang_patch.SWA_FULL_RAGGED_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
@@ -306,20 +309,21 @@ class StepBackend:
 DRAFT_CASES = {"topk4": (4, 3, 8, 64), "topk1": (1, 3, 8, 64)}  # name -> (topk, steps, max_bs, max_context_len)
 
 
-def draft_graph_exercise():
-    """SGLang's own init_cuda_graph_state on a bare multi-step draft backend."""
-    out, saved = {}, flashinfer_backend.torch
-    flashinfer_backend.torch = TorchOnCpu()
+def draft_graph_exercise(mla=False):
+    """SGLang's own init_cuda_graph_state on a bare multi-step draft backend (FlashInfer or -MLA)."""
+    module = flashinfer_mla_backend if mla else flashinfer_backend
+    out, saved = {}, module.torch
+    module.torch = TorchOnCpu()
     try:
         for case, (topk, steps, max_bs, context) in DRAFT_CASES.items():
             log = []
-            backend = object.__new__(flashinfer_backend.FlashInferMultiStepDraftBackend)
+            backend = object.__new__(getattr(module, "FlashInfer%sMultiStepDraftBackend" % ("MLA" if mla else "")))
             backend.__dict__.update(topk=topk, speculative_num_steps=steps, max_context_len=context,
                                     attn_backends=[StepBackend(log) for _ in range(steps)])
             backend.init_cuda_graph_state(max_bs, max_bs * topk)
             out[case] = {"buffer": list(backend.cuda_graph_kv_indices.shape), "rows": log}
     finally:
-        flashinfer_backend.torch = saved
+        module.torch = saved
     return out
 
 
@@ -401,7 +405,7 @@ def swa_plan_exercise():
 
 def exercises():
     return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise(),
-            "draft_graph": draft_graph_exercise(), "plan_heads": plan_heads_exercise(), "swa_plan": swa_plan_exercise()}
+            "draft_graph": draft_graph_exercise(), "mla_draft_graph": draft_graph_exercise(mla=True), "plan_heads": plan_heads_exercise(), "swa_plan": swa_plan_exercise()}
 
 
 with_fix = exercises()
@@ -468,21 +472,22 @@ def global_helper_variant():
 report("global_variant", global_helper_variant())
 
 
-def derived(patch, reverts, exercise):
+def derived(patch, reverts, exercise, where="flashinfer_backend"):
     """Where the release has ``patch``'s fix upstream, upstream's change reverted in a copy of the
-    backend module (each of ``reverts``, ``(function, before, after)`` in upstream's own form, turned
-    back by derive_prefix), loaded under another name: the shipped declaration judges the copy,
-    patches it, and ``exercise`` then gives the release's answers; undone, the bug's."""
+    module that this script holds as the global ``where`` (each of ``reverts``, ``(function, before,
+    after)`` in upstream's own form, turned back by derive_prefix), loaded under another name: the
+    shipped declaration judges the copy, patches it, and ``exercise`` then gives the release's
+    answers; undone, the bug's."""
     import importlib.util
 
-    global flashinfer_backend
     if status[patch.id]["state"] != "fixed-upstream":
         return None
-    text = open(flashinfer_backend.__file__).read()
+    released = globals()[where]
+    text = open(released.__file__).read()
     for function, before, after in reverts:
         upstream = semantic.Backport(
             id="test-upstream", engine="sglang", versions=">=0", upstream="", fixed_in="", summary="",
-            doc="Delete when: never", module=flashinfer_backend.__name__, function=function, before=before, after=after)
+            doc="Delete when: never", module=released.__name__, function=function, before=before, after=after)
         text = semantic.derive_prefix(upstream, text)
     name = "ffx_derived_" + patch.id.replace("-", "_")
     path = os.path.join(tempfile.mkdtemp(prefix="ffx-derived-"), name + ".py")
@@ -492,14 +497,14 @@ def derived(patch, reverts, exercise):
     copy_module = importlib.util.module_from_spec(spec)
     sys.modules[name] = copy_module
     spec.loader.exec_module(copy_module)
-    out = {"verdict": list(_registry.judge(patch, {flashinfer_backend.__name__: _source.parse_file(path)}, VERSION))}
+    out = {"verdict": list(_registry.judge(patch, {released.__name__: _source.parse_file(path)}, VERSION))}
     declaration = copy.copy(patch.rule)  # the same declaration, anchored to the copy
     declaration.hunks = [copy.copy(rule) for rule in declaration.hunks]
     for rule in declaration.hunks:
         rule.module = name
     declaration.sites = ((name, declaration.hunks[0].function),)
     changes = declaration.prepare({name: copy_module})
-    released, flashinfer_backend = flashinfer_backend, copy_module
+    globals()[where] = copy_module
     try:
         out["derived"] = exercise()
         for change in changes:
@@ -509,18 +514,21 @@ def derived(patch, reverts, exercise):
             change.undo()
         out["undone"] = exercise()
     finally:
-        flashinfer_backend = released
+        globals()[where] = released
     out["release"] = exercise()
     return out
 
 
+DRAFT_REVERT = (  # upstream's #27338 / #27460, after -> before
+    "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, $BS * self.max_context_len), **$$$K)",
+    "kv_indices_width = draft_kv_indices_buffer_width($BS, self.topk, self.max_context_len)\n"
+    "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, kv_indices_width), **$$$K)")
 report("derived", {
-    sglang_patch.DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_DRAFT_GRAPH_KV_INDICES, [(
-        "FlashInferMultiStepDraftBackend.init_cuda_graph_state",
-        "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, $BS * self.max_context_len), **$$$K)",
-        "kv_indices_width = draft_kv_indices_buffer_width($BS, self.topk, self.max_context_len)\n"
-        "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, kv_indices_width), **$$$K)")],
-        draft_graph_exercise),
+    sglang_patch.DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_DRAFT_GRAPH_KV_INDICES, [
+        ("FlashInferMultiStepDraftBackend.init_cuda_graph_state",) + DRAFT_REVERT], draft_graph_exercise),
+    sglang_patch.MLA_DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, [
+        ("FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state",) + DRAFT_REVERT],
+        lambda: draft_graph_exercise(mla=True), where="flashinfer_mla_backend"),
     sglang_patch.PLAN_HEADS_ID: derived(sglang_patch.PER_LAYER_HEADS_PLAN, [
         ("FlashInferIndicesUpdater%s.__init__" % kind, "model_runner.model_config.num_attention_heads // $TP",
          "model_runner.model_config.get_max_num_attention_heads() // $TP") for kind in ("Decode", "Prefill")],
@@ -539,6 +547,8 @@ report("reverted", {
         sglang_patch.VISION_ID: (model_config.ModelConfig, "__init__", model_config),
         sglang_patch.DRAFT_GRAPH_ID: (flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
                                       flashinfer_backend),
+        sglang_patch.MLA_DRAFT_GRAPH_ID: (flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend,
+                                          "init_cuda_graph_state", flashinfer_mla_backend),
         sglang_patch.PLAN_HEADS_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__", flashinfer_backend),
         sglang_patch.SWA_FULL_RAGGED_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
                                           flashinfer_backend),

@@ -36,7 +36,7 @@ from flashfix.core import source as _source  # noqa: E402
 
 FP8, AUTOTUNE, VISION = released.FP8, released.AUTOTUNE, released.VISION
 DERIVED = (FP8, VISION)
-LATER = (released.DRAFT, released.HEADS)  # fixed before 0.5.18: fixed-upstream here (their derived shapes: test_sglang_real)
+LATER = (released.DRAFT, released.MLA_DRAFT, released.HEADS)  # fixed before 0.5.18: fixed-upstream here (their derived shapes: test_sglang_real)
 SWA_FULL = released.SWA_FULL  # fixed in 0.5.21: patch on 0.5.18, fixed-upstream on 0.5.23
 RELEASES = ("0.5.18", "0.5.23")
 WIDENED = ">=0.5.11"  # the oldest SGLang release the tests cover, no upper bound
@@ -223,7 +223,7 @@ def test_derived_patched_at_runtime_and_reverted(release):
     for pid in (AUTOTUNE,) + LATER:
         assert r["functions"]["untouched"][pid] and r["after_run"]["changes"][pid] == []
         assert not r["after_run"]["ran"][pid]
-    assert all(r["reverted"]["same_objects"].values()) and len(r["reverted"]["same_objects"]) == 5
+    assert all(r["reverted"]["same_objects"].values()) and len(r["reverted"]["same_objects"]) == 6
 
 
 @pytest.mark.parametrize("release", RELEASES)

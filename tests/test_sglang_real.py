@@ -19,16 +19,17 @@ import engine_env
 FP8 = "sglang-fp8-kv-scales"
 AUTOTUNE = "sglang-sm120-fp8-autotune"
 VISION = "sglang-vision-config"
-DRAFT = "sglang-eagle-draft-graph-kv-indices"
+DRAFT, MLA_DRAFT = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
 HEADS = "sglang-per-layer-heads-plan"
 SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
-IDS = (FP8, AUTOTUNE, VISION, DRAFT, HEADS, SWA_FULL)
+IDS = (FP8, AUTOTUNE, VISION, DRAFT, MLA_DRAFT, HEADS, SWA_FULL)
 
-PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", HEADS: "patch", SWA_FULL: "patch"}
+PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", MLA_DRAFT: "fixed-upstream",
+         HEADS: "patch", SWA_FULL: "patch"}
 FIXED = dict.fromkeys(IDS, "fixed-upstream")
 NO_FP8_AUTOTUNE = dict(PATCH, **{AUTOTUNE: "not-affected"})
 EXPECTED = {  # release -> doctor verdict per patch (read off the wheels; see sglang_patch.py)
-    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", SWA_FULL: "not-affected"}),
+    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", MLA_DRAFT: "patch", SWA_FULL: "not-affected"}),
     "0.5.13": NO_FP8_AUTOTUNE,
     "0.5.14": PATCH,
     "0.5.17": dict(PATCH, **{HEADS: "fixed-upstream"}),
@@ -148,29 +149,30 @@ def test_forward_extend_passes_fp8_scales_to_the_paged_lse_call(release):
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_draft_graph_kv_indices_rows_hold_every_topk_branch(release):
-    # SGLang's own FlashInferMultiStepDraftBackend.init_cuda_graph_state: the fixed width is 0.5.13's
-    # draft_kv_indices_buffer_width(max_bs, topk, max_context_len), what the draft kernel fills for a
+@pytest.mark.parametrize("pid, exercise", [(DRAFT, "draft_graph"), (MLA_DRAFT, "mla_draft_graph")])
+def test_draft_graph_kv_indices_rows_hold_every_topk_branch(release, pid, exercise):
+    # SGLang's own {FlashInfer,FlashInferMLA}MultiStepDraftBackend.init_cuda_graph_state: the fixed width is
+    # 0.5.13's draft_kv_indices_buffer_width(max_bs, topk, max_context_len), what the draft kernel fills for a
     # full batch at the longest context (seq_lens_sum * topk + topk * max_bs * steps, seq_lens = context - steps)
     r = report(release)
     widths = {"topk4": 8 * 4 * 64, "topk1": 8 * 1 * 64}
     for case, width in widths.items():
-        fixed = r["with"]["draft_graph"][case]
+        fixed = r["with"][exercise][case]
         assert fixed["buffer"] == [3, width], fixed
         assert fixed["rows"] == [[width]] * 2, fixed  # steps - 1 draft backends, each handed a full row
-    released = r["without"]["draft_graph"]
-    if EXPECTED[release][DRAFT] == "patch":  # the bug as released: topk > 1 gets a row topk times too short
+    released = r["without"][exercise]
+    if EXPECTED[release][pid] == "patch":  # the bug as released: topk > 1 gets a row topk times too short
         assert released["topk4"]["buffer"] == [3, 8 * 64] and released["topk4"]["rows"] == [[8 * 64]] * 2
     else:
-        assert released == r["with"]["draft_graph"]
-    assert released["topk1"] == r["with"]["draft_graph"]["topk1"]  # topk 1: unchanged
-    derived = r["derived"][DRAFT]  # from 0.5.13 on: upstream's change reverted in a copy of the module
-    if EXPECTED[release][DRAFT] == "patch":
+        assert released == r["with"][exercise]
+    assert released["topk1"] == r["with"][exercise]["topk1"]  # topk 1: unchanged
+    derived = r["derived"][pid]  # from 0.5.13 on: upstream's change reverted in a copy of the module
+    if EXPECTED[release][pid] == "patch":
         assert derived is None
         return
     assert derived["verdict"][0] == "patch", derived["verdict"]
     assert derived["derived"]["topk4"]["buffer"] == [3, 8 * 64]  # the derived code is the bug
-    assert derived["patched"] == derived["release"] == r["without"]["draft_graph"]  # patched: the release
+    assert derived["patched"] == derived["release"] == r["without"][exercise]  # patched: the release
     assert derived["undone"] == derived["derived"]
 
 

@@ -25,12 +25,14 @@ COMMITTED = REPO / "benchmarks" / "results" / "sweep.json"
 
 FP8, AUTOTUNE, VISION = "sglang-fp8-kv-scales", "sglang-sm120-fp8-autotune", "sglang-vision-config"
 DRAFT, HEADS = "sglang-eagle-draft-graph-kv-indices", "sglang-per-layer-heads-plan"
+MLA_DRAFT = "sglang-eagle-mla-draft-graph-kv-indices"
 SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
 SINK, JIT = "vllm-sink-prefill", "flashinfer-sink-jit-name"
 
 
 def _sglang(fp8, autotune, vision, draft, heads="patch", swa_full="not-affected"):
-    return {FP8: fp8, AUTOTUNE: autotune, VISION: vision, DRAFT: draft, HEADS: heads, SWA_FULL: swa_full}
+    return {FP8: fp8, AUTOTUNE: autotune, VISION: vision, DRAFT: draft, MLA_DRAFT: draft, HEADS: heads,
+            SWA_FULL: swa_full}
 
 
 EXPECTED = {
