@@ -1,4 +1,5 @@
-"""SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18) and PR #27338 (0.5.13).
+"""SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338 and #27460 (0.5.13),
+and of two FlashInfer-backend fixes first released in 0.5.17 and 0.5.21 (PRs not identified).
 
 #34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
 the upstream change as before -> after code), judged, disabled (``FLASHFIX_DISABLE=<id>``) and
