@@ -480,7 +480,7 @@ def derived(patch, reverts, exercise, where="flashinfer_backend"):
     answers; undone, the bug's."""
     import importlib.util
 
-    if status[patch.id]["state"] != "fixed-upstream":
+    if status.get(patch.id, {}).get("state") != "fixed-upstream":
         return None
     released = globals()[where]
     text = open(released.__file__).read()
