@@ -1,15 +1,30 @@
-"""SGLang patches: backports of sgl-project/sglang PR #34217 (merged 2026-08-10, first in 0.5.18).
+"""SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338 and #27460 (0.5.13),
+and of two FlashInfer-backend fixes first released in 0.5.17 and 0.5.21 (PRs not identified).
 
-That PR fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
+#34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
 the upstream change as before -> after code), judged, disabled (``FLASHFIX_DISABLE=<id>``) and
 deleted on its own. Importing this module imports no SGLang, torch or FlashInfer module; every
 probe decides from the source text alone. Checked with the engine imported on 0.5.11, 0.5.13,
 0.5.14, 0.5.17, 0.5.18 and 0.5.23 (tests/test_sglang_real.py), and on every final release from
 0.5.1 on from its wheel's source (scripts/sweep_releases.py, tests/test_sweep.py).
 """
+# Silent wrong-output fixes of the FlashInfer backend found in the releases and NOT carried here
+# (survey of every final release 0.5.1 to 0.5.23, flashinfer_backend.py and flashinfer_mla_backend.py):
+# * #31501 (0.5.16; 0.5.1-0.5.15 affected): the paged-only SWA prefill plans its wrapper without
+#   ``window_left``, so FlashInfer compiles the window mask out. Upstream adds a parameter to
+#   FlashInferIndicesUpdaterPrefill.call_begin_forward and passes it from update_sliding_window; a
+#   declaration edits function bodies only (no signature), and 0.5.14/0.5.15 plan with
+#   ``**paged_plan_kwargs``, which no pattern matches by design.
+# * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. The
+#   fix is a new method (_build_swa_prefix_custom_mask), a rewritten branch of update_sliding_window
+#   and ``window_left`` at two forward_return_lse calls of forward_extend, a function the FP8-scale
+#   patch already rewrites (one function takes one rewrite).
+# * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): forward_extend's paged forward is causal for
+#   ENCODER_ONLY layers; a one-statement fix, but in forward_extend too (one rewrite per function).
+
 
 from flashfix.core.registry import ABSENT, Shape
-from flashfix.semantic import Backport, find, pattern
+from flashfix.semantic import Backport, Rule, find, pattern
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
 FIXED_IN = "0.5.18"
@@ -95,7 +110,122 @@ VISION_CONFIG = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.18.""")
 
 
-PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG)
+
+DRAFT_GRAPH_ID, MLA_DRAFT_GRAPH_ID = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
+_DRAFT_ROW = dict(  # the multi-step draft backends' init_cuda_graph_state, FlashInfer and FlashInfer-MLA alike
+    versions=">=0.5.1", fixed_in="0.5.13", function="init_cuda_graph_state",
+    before="(self.speculative_num_steps, $BS * self.max_context_len)",
+    after="(self.speculative_num_steps, $BS * self.topk * self.max_context_len)",
+    fixed_if=("draft_kv_indices_buffer_width($$$_)", "(self.speculative_num_steps, $BS * self.topk * self.max_context_len)"),
+    fixed="the draft CUDA-graph kv_indices row has the topk factor (`{form}`)",
+    buggy="{name} (line {line}) sizes each step's kv_indices row {BS} * max_context_len, without topk")
+_DRAFT_DOC = """Why: the draft-decode kernel (generate_draft_decode_kv_indices) packs topk branches per
+    sequence into each step's row of ``cuda_graph_kv_indices``, up to seq_lens_sum * topk entries;
+    the eager path sizes its rows batch * topk * max_context_len, the CUDA-graph buffer only
+    max_bs * max_context_len. With EAGLE topk > 1 and long contexts the kernel writes past its row
+    into the next step's indices and past the buffer: wrong draft tokens, or memory corruption.
+    How: the row width gains the topk factor, as 0.5.13's draft_kv_indices_buffer_width computes.
+    topk == 1 (the default for many setups) is unchanged.
+    Affected: every final release from 0.5.1 to 0.5.12.post1.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.13."""
+
+EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
+    id=DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27338",
+    module="sglang.srt.layers.attention.flashinfer_backend", **dict(
+        _DRAFT_ROW, function="FlashInferMultiStepDraftBackend.init_cuda_graph_state"),
+    summary="EAGLE multi-step draft with the FlashInfer CUDA graph: each step's kv_indices row holds "
+            "topk branches per sequence, so the draft kernel no longer writes past it",
+    doc=_DRAFT_DOC)
+
+EAGLE_MLA_DRAFT_GRAPH_KV_INDICES = Backport(
+    id=MLA_DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27460",
+    module="sglang.srt.layers.attention.flashinfer_mla_backend", **dict(
+        _DRAFT_ROW, function="FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state"),
+    summary="EAGLE multi-step draft with the FlashInfer-MLA CUDA graph (DeepSeek MTP): each step's kv_indices "
+            "row holds topk branches per sequence",
+    doc="The same bug and fix as " + DRAFT_GRAPH_ID + ", in the MLA backend's draft backend.\n    " + _DRAFT_DOC)
+
+
+PLAN_HEADS_ID = "sglang-per-layer-heads-plan"
+_BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
+_PLAN_HEADS = dict(
+    before="$MC.num_attention_heads // $TP",
+    after='max(getattr($MC.hf_text_config, "num_attention_heads_per_layer", None) or [$MC.num_attention_heads]) // $TP',
+    inside="self.num_qo_heads = $_", constraints={"MC": r"model_runner\.model_config"},
+    fixed_if=("$_.get_max_num_attention_heads()",
+              'max(getattr($_.hf_text_config, "num_attention_heads_per_layer", None) or [$_]) // $_'),
+    fixed="{name} plans for the largest per-layer head count (`{form}`)",
+    buggy="{name} (line {line}) plans every layer for {MC}.num_attention_heads query heads")
+
+PER_LAYER_HEADS_PLAN = Backport(
+    id=PLAN_HEADS_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.17",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.16...v0.5.17 (PR number not identified)",
+    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterDecode.__init__", **_PLAN_HEADS),
+           Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.__init__", **_PLAN_HEADS)),
+    summary="FlashInfer decode/prefill plans are made for the largest per-layer query-head count, so layers "
+            "with more heads than the model-wide count are not run on a plan made for fewer",
+    doc="""Why: FlashInfer bakes num_qo_heads into each plan(), and the indices updaters plan once per
+    batch for every layer with ``model_config.num_attention_heads // tp``. A model whose layers
+    differ in head count (``hf_text_config.num_attention_heads_per_layer``: Laguna from 0.5.13, or an
+    out-of-tree model) runs its wider layers on a plan for fewer heads: silently corrupted output.
+    How: both updaters plan for the largest per-layer count (0.5.17's
+    ModelConfig.get_max_num_attention_heads, written inline: older ModelConfig lacks it); a model
+    without per-layer counts plans exactly as before. Over-planning is safe.
+    Affected: 0.5.1 to 0.5.16 have the code (0.5.13 to 0.5.16 ship a model that reaches it).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.17.""")
+
+
+SWA_FULL_RAGGED_ID = "sglang-swa-full-attn-ragged-prefix"
+
+
+def _after_26513(tree, func):
+    """Before sglang#26513 (0.5.1 to 0.5.12) the SWA wrapper's ragged plan is wrong too, in another
+    shape: this fix completes #26513 and has nothing to complete there."""
+    if find(pattern("$_._build_swa_prefix_custom_mask($$$_)"), [func]):
+        return {}
+    return Shape(ABSENT, "update_sliding_window predates sglang#26513 (no prefix-only plan for the SWA wrapper): "
+                         "both wrappers' ragged plans cover unwritten extend slots there, which flashfix does not "
+                         "carry (#26513 is not backportable as a declaration)")
+
+
+SWA_FULL_ATTN_RAGGED_PREFIX = Backport(
+    id=SWA_FULL_RAGGED_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.21",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.20...v0.5.21 (PR number not identified)",
+    module=_BACKEND, function="FlashInferIndicesUpdaterPrefill.update_sliding_window", context=_after_26513,
+    before="paged_kernel_lens = seq_lens\npaged_kernel_lens_sum = seq_lens_sum\nkv_start_idx = seq_lens - paged_kernel_lens",
+    after="""
+if use_ragged:
+    paged_kernel_lens = prefix_lens
+    paged_kernel_lens_sum = prefix_lens.sum().item()
+    kv_start_idx = None
+else:
+    paged_kernel_lens = seq_lens
+    paged_kernel_lens_sum = seq_lens_sum
+    kv_start_idx = seq_lens - paged_kernel_lens
+""", fixed_if="paged_kernel_lens = prefix_lens",
+    fixed="the full-attention wrapper of a ragged SWA extend is planned over the cached prefix only",
+    buggy="{name} (line {line}): the full-attention wrapper of a ragged SWA extend is planned over whole "
+          "sequences, extend slots not yet written included",
+    summary="SWA models, ragged extend over a cached prefix: the full-attention layers' paged pass reads the "
+            "prefix only, not the extend slots whose K/V are written after it",
+    doc="""Why: on a prefix-cache hit, forward_extend runs the new tokens through the ragged wrapper and
+    the cached prefix through the paged one (causal=False), then merges; the new tokens' K/V are
+    written to the cache only afterwards. #26513 (0.5.13) planned the sliding-window wrapper over the
+    prefix; the full-attention wrapper of the same models (Gemma 2/3, GPT-OSS, ...) stayed planned
+    over prefix + extend, so every query also attends to the extend slots' stale cache contents.
+    How: as upstream, on the ragged path the full-attention wrapper is planned over prefix_lens from
+    slot 0 (upstream sums the host copy of the prefix lengths where the release has it; this sums
+    the device tensor, as the SWA branch beside it does). The paged-only path is unchanged.
+    Affected: 0.5.13 to 0.5.20 (0.5.1 to 0.5.12 have the bug inside the unfixed #26513 shape: see
+    _after_26513).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
+
+
+PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES,
+           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_FULL_ATTN_RAGGED_PREFIX)
 
 
 # --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
@@ -115,4 +245,25 @@ KNOWN = (Known(
                before="$W.forward_return_lse($$$A, **$$$KW)", after="$W.forward_return_lse($$$A, **$$$KW, lse_base=\"ln\")",
                fixed_if=("$_.forward_return_lse($$$_, lse_base=\"ln\", **$$$_)",
                          "$_.forward_return_lse($$$_, return_lse_base_on_e=True, **$$$_)", "math.log(2)")),
-),)
+), Known(
+    id="sglang-swa-paged-plan-window-left", engine="sglang", versions=">=0.5.1,<0.5.16",
+    upstream="https://github.com/sgl-project/sglang/pull/31501",
+    summary="sliding-window paged-only prefill (piecewise CUDA-graph prefill, deterministic mode, "
+            "SGLANG_FLASHINFER_USE_PAGED, multimodal): window_left is not passed to plan(), so the window mask is "
+            "compiled out and sliding-window layers attend to the whole context",
+    why_not="the fix adds a window_left parameter to FlashInferIndicesUpdaterPrefill.call_begin_forward (a signature "
+            "change) and 0.5.14-0.5.15 plan through **kwargs: not a source-level declaration"),
+  Known(
+    id="sglang-swa-ragged-prefix-extend-slots", engine="sglang", versions=">=0.5.1,<0.5.13",
+    upstream="https://github.com/sgl-project/sglang/pull/26513",
+    summary="sliding-window models, ragged + paged extend over a cached prefix: the paged pass's range covers extend "
+            "slots whose K/V are written only after it (stale data merged into the output)",
+    why_not="the fix adds a method, rewrites the shared kv_start_idx branch and edits forward_extend, which "
+            "sglang-fp8-kv-scales already rewrites (one patch per function)"),
+  Known(
+    id="sglang-flashinfer-logit-softcap-plan", engine="sglang", versions=">=0.5.1",
+    upstream="https://github.com/sgl-project/sglang/pull/34093",
+    summary="logits_soft_cap reaches FlashInfer only at forward() time, never plan(): models with attention logit "
+            "soft-capping (Gemma-2, Grok) run uncapped on the FlashInfer backend",
+    why_not="the upstream fix is not merged; no release carries it to backport"),
+)

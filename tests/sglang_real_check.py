@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import sglang.srt.configs.model_config as model_config  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
+import sglang.srt.layers.attention.flashinfer_mla_backend as flashinfer_mla_backend  # noqa: E402
 import sglang.srt.model_executor.model_runner  # noqa: E402,F401
 from flashfix import semantic, sglang_patch  # noqa: E402
 
@@ -60,6 +61,14 @@ def plain(owner, name, module):
 functions = {
     sglang_patch.FP8_ID: plain(flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
     sglang_patch.VISION_ID: plain(model_config.ModelConfig, "__init__", model_config),
+    sglang_patch.DRAFT_GRAPH_ID: plain(flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
+                                       flashinfer_backend),
+    sglang_patch.MLA_DRAFT_GRAPH_ID: plain(flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend,
+                                           "init_cuda_graph_state", flashinfer_mla_backend),
+    sglang_patch.PLAN_HEADS_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__",
+                                      flashinfer_backend),
+    sglang_patch.SWA_FULL_RAGGED_ID: plain(flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
+                                           flashinfer_backend),
 }
 defs = sglang_patch.SM120_FP8_AUTOTUNE.rule.locate(_source.module_ast)
 site_module, site_name, _ = defs[0] if len(defs) == 1 else (None, None, None)
@@ -275,8 +284,128 @@ def forward_extend_exercise():
     return out
 
 
+# --- exercise 4: the EAGLE multi-step draft CUDA-graph kv_indices buffer ----------------------
+class TorchOnCpu:
+    """The backend module's ``torch``, allocating its ``device="cuda"`` buffers on the CPU."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, **kwargs)
+
+
+class StepBackend:
+    """Stands in for one draft step's FlashInferAttnBackend: records the row it is handed."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None):
+        self.log.append(list(kv_indices_buf.shape))
+
+
+DRAFT_CASES = {"topk4": (4, 3, 8, 64), "topk1": (1, 3, 8, 64)}  # name -> (topk, steps, max_bs, max_context_len)
+
+
+def draft_graph_exercise(mla=False):
+    """SGLang's own init_cuda_graph_state on a bare multi-step draft backend (FlashInfer or -MLA)."""
+    module = flashinfer_mla_backend if mla else flashinfer_backend
+    out, saved = {}, module.torch
+    module.torch = TorchOnCpu()
+    try:
+        for case, (topk, steps, max_bs, context) in DRAFT_CASES.items():
+            log = []
+            backend = object.__new__(getattr(module, "FlashInfer%sMultiStepDraftBackend" % ("MLA" if mla else "")))
+            backend.__dict__.update(topk=topk, speculative_num_steps=steps, max_context_len=context,
+                                    attn_backends=[StepBackend(log) for _ in range(steps)])
+            backend.init_cuda_graph_state(max_bs, max_bs * topk)
+            out[case] = {"buffer": list(backend.cuda_graph_kv_indices.shape), "rows": log}
+    finally:
+        module.torch = saved
+    return out
+
+
+# --- exercise 5: the query-head count the indices updaters plan with -------------------------
+class Anything:
+    """Whatever the updaters' __init__ reads and this exercise does not care about."""
+
+    def __getattr__(self, name):
+        return Anything()
+
+    def __call__(self, *args, **kwargs):
+        return Anything()
+
+    def __getitem__(self, key):
+        return Anything()
+
+
+def plan_heads_exercise():
+    """SGLang's own FlashInferIndicesUpdater{Decode,Prefill}.__init__ with per-layer head counts
+    (largest 24, model-wide 16) and without; tensor-parallel size 2."""
+    saved = {n: flashinfer_backend.__dict__[n] for n in ("get_attention_tp_size", "get_parallel")
+             if n in flashinfer_backend.__dict__}
+    flashinfer_backend.get_attention_tp_size = lambda: 2
+    flashinfer_backend.get_parallel = lambda: SimpleNamespace(attn_tp_size=2, attn_dcp_size=1)
+    out = {}
+    try:
+        for case, per_layer in {"per_layer": [16, 24, 16], "uniform": None}.items():
+            text = SimpleNamespace(num_attention_heads_per_layer=per_layer) if per_layer else SimpleNamespace()
+            config = SimpleNamespace(num_attention_heads=16, hf_text_config=text, head_dim=64,
+                                     get_num_kv_heads=lambda *tp: 4,
+                                     get_max_num_attention_heads=lambda: max(per_layer or [16]))
+            runner, backend = Anything(), Anything()
+            runner.__dict__.update(model_config=config, sliding_window_size=None)
+            backend.__dict__.update(dispatch_reason=None, num_wrappers=1)
+            for kind in ("Decode", "Prefill"):
+                updater = getattr(flashinfer_backend, "FlashInferIndicesUpdater" + kind)
+                try:
+                    out["%s/%s" % (case, kind)] = updater(runner, backend).num_qo_heads
+                except Exception as exc:
+                    out["%s/%s" % (case, kind)] = repr(exc)[:300]
+    finally:
+        for name in ("get_attention_tp_size", "get_parallel"):
+            flashinfer_backend.__dict__.pop(name, None)
+        flashinfer_backend.__dict__.update(saved)
+    return out
+
+
+# --- exercise 6: what update_sliding_window plans each wrapper over (ragged extend, cached prefix) ---
+def swa_plan_exercise():
+    """SGLang's own FlashInferIndicesUpdaterPrefill.update_sliding_window, window 4, two requests with
+    (prefix, extend) = (6, 3) and (2, 5), with ``call_begin_forward`` recorded instead of run (the
+    paged wrappers' plan() inputs: lengths, their sum, start slots)."""
+    out = {}
+    for ragged in (True, False):
+        log = []
+
+        def record(*args, **kwargs):
+            lens, total, start = args[3], args[4], args[7]
+            log.append({"lens": lens.tolist(), "sum": int(total),
+                        "start": None if start is None else start.tolist(),
+                        "mask": kwargs.get("cross_attention_custom_mask") is not None})
+
+        updater = object.__new__(flashinfer_backend.FlashInferIndicesUpdaterPrefill)
+        updater.__dict__.update(sliding_window_size=4, _swa_kv_pool=None, token_to_kv_pool_allocator=None,
+                                prefill_wrapper_ragged="ragged", kv_indptr=[None, None], qo_indptr=[None, None],
+                                call_begin_forward=record)
+        seq_lens, prefix_lens = torch.tensor([9, 7]), torch.tensor([6, 2])
+        extra = {"plan": None} if "plan" in updater.update_sliding_window.__code__.co_varnames else {}  # 0.5.23
+        try:
+            updater.update_sliding_window(**extra,
+                req_pool_indices=torch.tensor([0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens, seq_lens_sum=16,
+                prefix_lens=prefix_lens, prefill_wrappers=["swa", "full"], use_ragged=ragged, encoder_lens=None,
+                spec_info=None)
+            out["ragged" if ragged else "paged"] = log
+        except Exception as exc:
+            out["ragged" if ragged else "paged"] = repr(exc)[:300]
+    return out
+
+
 def exercises():
-    return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise()}
+    return {"vision": vision_exercise(), "autotune": autotune_exercise(), "forward_extend": forward_extend_exercise(),
+            "draft_graph": draft_graph_exercise(), "mla_draft_graph": draft_graph_exercise(mla=True), "plan_heads": plan_heads_exercise(), "swa_plan": swa_plan_exercise()}
 
 
 with_fix = exercises()
@@ -342,12 +471,87 @@ def global_helper_variant():
 
 report("global_variant", global_helper_variant())
 
+
+def derived(patch, reverts, exercise, where="flashinfer_backend"):
+    """Where the release has ``patch``'s fix upstream, upstream's change reverted in a copy of the
+    module that this script holds as the global ``where`` (each of ``reverts``, ``(function, before,
+    after)`` in upstream's own form, turned back by derive_prefix), loaded under another name: the
+    shipped declaration judges the copy, patches it, and ``exercise`` then gives the release's
+    answers; undone, the bug's."""
+    import importlib.util
+
+    if status.get(patch.id, {}).get("state") != "fixed-upstream":
+        return None
+    released = globals()[where]
+    text = open(released.__file__).read()
+    for function, before, after in reverts:
+        upstream = semantic.Backport(
+            id="test-upstream", engine="sglang", versions=">=0", upstream="", fixed_in="", summary="",
+            doc="Delete when: never", module=released.__name__, function=function, before=before, after=after)
+        text = semantic.derive_prefix(upstream, text)
+    name = "ffx_derived_" + patch.id.replace("-", "_")
+    path = os.path.join(tempfile.mkdtemp(prefix="ffx-derived-"), name + ".py")
+    with open(path, "w") as handle:
+        handle.write(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    copy_module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = copy_module
+    spec.loader.exec_module(copy_module)
+    out = {"verdict": list(_registry.judge(patch, {released.__name__: _source.parse_file(path)}, VERSION))}
+    declaration = copy.copy(patch.rule)  # the same declaration, anchored to the copy
+    declaration.hunks = [copy.copy(rule) for rule in declaration.hunks]
+    for rule in declaration.hunks:
+        rule.module = name
+    declaration.sites = ((name, declaration.hunks[0].function),)
+    changes = declaration.prepare({name: copy_module})
+    globals()[where] = copy_module
+    try:
+        out["derived"] = exercise()
+        for change in changes:
+            change.apply()
+        out["patched"] = exercise()
+        for change in reversed(changes):
+            change.undo()
+        out["undone"] = exercise()
+    finally:
+        globals()[where] = released
+    out["release"] = exercise()
+    return out
+
+
+DRAFT_REVERT = (  # upstream's #27338 / #27460, after -> before
+    "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, $BS * self.max_context_len), **$$$K)",
+    "kv_indices_width = draft_kv_indices_buffer_width($BS, self.topk, self.max_context_len)\n"
+    "self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, kv_indices_width), **$$$K)")
+report("derived", {
+    sglang_patch.DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_DRAFT_GRAPH_KV_INDICES, [
+        ("FlashInferMultiStepDraftBackend.init_cuda_graph_state",) + DRAFT_REVERT], draft_graph_exercise),
+    sglang_patch.MLA_DRAFT_GRAPH_ID: derived(sglang_patch.EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, [
+        ("FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state",) + DRAFT_REVERT],
+        lambda: draft_graph_exercise(mla=True), where="flashinfer_mla_backend"),
+    sglang_patch.PLAN_HEADS_ID: derived(sglang_patch.PER_LAYER_HEADS_PLAN, [
+        ("FlashInferIndicesUpdater%s.__init__" % kind, "model_runner.model_config.num_attention_heads // $TP",
+         "model_runner.model_config.get_max_num_attention_heads() // $TP") for kind in ("Decode", "Prefill")],
+        plan_heads_exercise),
+    sglang_patch.SWA_FULL_RAGGED_ID: derived(sglang_patch.SWA_FULL_ATTN_RAGGED_PREFIX, [(
+        "FlashInferIndicesUpdaterPrefill.update_sliding_window",
+        "if wrapper_id == 0:\n    $$$A\nelse:\n    $$$C",
+        "if wrapper_id == 0:\n    $$$A\nelif use_ragged:\n    $$$B\nelse:\n    $$$C")], swa_plan_exercise),
+})
+
 applied_codes = {k: f.__code__ for k, f in functions.items()}
 flashfix.revert()
 report("reverted", {
     "same_objects": {k: plain(*where) is functions[k] for k, where in {
         sglang_patch.FP8_ID: (flashinfer_backend.FlashInferAttnBackend, "forward_extend", flashinfer_backend),
         sglang_patch.VISION_ID: (model_config.ModelConfig, "__init__", model_config),
+        sglang_patch.DRAFT_GRAPH_ID: (flashinfer_backend.FlashInferMultiStepDraftBackend, "init_cuda_graph_state",
+                                      flashinfer_backend),
+        sglang_patch.MLA_DRAFT_GRAPH_ID: (flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend,
+                                          "init_cuda_graph_state", flashinfer_mla_backend),
+        sglang_patch.PLAN_HEADS_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "__init__", flashinfer_backend),
+        sglang_patch.SWA_FULL_RAGGED_ID: (flashinfer_backend.FlashInferIndicesUpdaterPrefill, "update_sliding_window",
+                                          flashinfer_backend),
     }.items()},
     "code_restored": {k: untouched(f) for k, f in functions.items()},
     "code_changed_by_revert": {k: f.__code__ is not applied_codes[k] for k, f in functions.items()},

@@ -36,6 +36,8 @@ from flashfix.core import source as _source  # noqa: E402
 
 FP8, AUTOTUNE, VISION = released.FP8, released.AUTOTUNE, released.VISION
 DERIVED = (FP8, VISION)
+LATER = (released.DRAFT, released.MLA_DRAFT, released.HEADS)  # fixed before 0.5.18: fixed-upstream here (their derived shapes: test_sglang_real)
+SWA_FULL = released.SWA_FULL  # fixed in 0.5.21: patch on 0.5.18, fixed-upstream on 0.5.23
 RELEASES = ("0.5.18", "0.5.23")
 WIDENED = ">=0.5.11"  # the oldest SGLang release the tests cover, no upper bound
 STANDARD_CONFIG_SHOWS_VISION_BUG = {"0.5.18": True, "0.5.23": False}
@@ -193,11 +195,14 @@ def test_derived_doctor(release):
     assert Path(d["flashfix"]).resolve().parents[1] == TESTS.parent, d["flashfix"]
     assert d["heavy"] == [], "the doctor's judgement imported %s" % d["heavy"]
     # the probes recognise the pre-fix shape of the two derived parts; autotune stays fixed
-    assert {pid: kind for pid, (kind, _) in d["probe"].items()} == {FP8: "buggy", VISION: "buggy",
-                                                                    AUTOTUNE: "fixed"}, d["probe"]
+    swa_fixed = release == "0.5.23"
+    assert {pid: kind for pid, (kind, _) in d["probe"].items()} == dict(
+        {FP8: "buggy", VISION: "buggy", AUTOTUNE: "fixed", SWA_FULL: "fixed" if swa_fixed else "buggy"},
+        **dict.fromkeys(LATER, "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
-    assert {pid: v[0] for pid, v in d["shipped"].items()} == {FP8: "patch", VISION: "patch",
-                                                              AUTOTUNE: "fixed-upstream"}, d["shipped"]
+    assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
+        {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch"},
+        **dict.fromkeys(LATER, "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
 
@@ -206,7 +211,8 @@ def test_derived_patched_at_runtime_and_reverted(release):
     r = report(release)
     assert r["derived_loaded"] == {derive.FLASHINFER_BACKEND: True, derive.MODEL_CONFIG: True}
     states = {pid: row["state"] for pid, row in r["status"].items()}
-    assert states == {FP8: "applied", VISION: "applied", AUTOTUNE: "fixed-upstream"}, r["status"]
+    assert states == dict({FP8: "applied", VISION: "applied", SWA_FULL: "fixed-upstream" if release == "0.5.23" else
+                           "applied"}, **dict.fromkeys((AUTOTUNE,) + LATER, "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:
         assert not r["functions"]["untouched"][pid], "%s: applied but the code is the file's" % pid
@@ -214,9 +220,10 @@ def test_derived_patched_at_runtime_and_reverted(release):
         assert r["after_run"]["markers_dropped"][pid] == [True]
         assert r["reverted"]["code_restored"][pid] and r["reverted"]["code_changed_by_revert"][pid]
         assert r["reverted"]["state"][pid] == "disabled"
-    assert r["functions"]["untouched"][AUTOTUNE] and r["after_run"]["changes"][AUTOTUNE] == []
-    assert not r["after_run"]["ran"][AUTOTUNE]
-    assert all(r["reverted"]["same_objects"].values()) and len(r["reverted"]["same_objects"]) == 2
+    for pid in (AUTOTUNE,) + LATER:
+        assert r["functions"]["untouched"][pid] and r["after_run"]["changes"][pid] == []
+        assert not r["after_run"]["ran"][pid]
+    assert all(r["reverted"]["same_objects"].values()) and len(r["reverted"]["same_objects"]) == 6
 
 
 @pytest.mark.parametrize("release", RELEASES)

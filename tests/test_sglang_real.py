@@ -19,17 +19,21 @@ import engine_env
 FP8 = "sglang-fp8-kv-scales"
 AUTOTUNE = "sglang-sm120-fp8-autotune"
 VISION = "sglang-vision-config"
-IDS = (FP8, AUTOTUNE, VISION)
+DRAFT, MLA_DRAFT = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
+HEADS = "sglang-per-layer-heads-plan"
+SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
+IDS = (FP8, AUTOTUNE, VISION, DRAFT, MLA_DRAFT, HEADS, SWA_FULL)
 
-PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch"}
-FIXED = {FP8: "fixed-upstream", AUTOTUNE: "fixed-upstream", VISION: "fixed-upstream"}
-NO_FP8_AUTOTUNE = {FP8: "patch", AUTOTUNE: "not-affected", VISION: "patch"}
+PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", MLA_DRAFT: "fixed-upstream",
+         HEADS: "patch", SWA_FULL: "patch"}
+FIXED = dict.fromkeys(IDS, "fixed-upstream")
+NO_FP8_AUTOTUNE = dict(PATCH, **{AUTOTUNE: "not-affected"})
 EXPECTED = {  # release -> doctor verdict per patch (read off the wheels; see sglang_patch.py)
-    "0.5.11": NO_FP8_AUTOTUNE,
+    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", MLA_DRAFT: "patch", SWA_FULL: "not-affected"}),
     "0.5.13": NO_FP8_AUTOTUNE,
     "0.5.14": PATCH,
-    "0.5.17": PATCH,
-    "0.5.18": FIXED,
+    "0.5.17": dict(PATCH, **{HEADS: "fixed-upstream"}),
+    "0.5.18": dict(FIXED, **{SWA_FULL: "patch"}),
     "0.5.23": FIXED,
 }
 AUTOTUNE_SITE = {
@@ -89,7 +93,7 @@ def test_revert_restores_the_same_functions(release):
     for pid in applied(release):
         assert not r["functions"]["untouched"][pid], "%s: applied but the code is the file's" % pid
         assert r["after_run"]["ran"][pid], "%s: the marker never reported a run" % pid
-        assert r["after_run"]["markers_dropped"][pid] == [True]
+        assert r["after_run"]["markers_dropped"][pid] == [True] * (2 if pid == HEADS else 1)  # HEADS: two hunks
         assert r["reverted"]["code_restored"][pid] and r["reverted"]["code_changed_by_revert"][pid]
         assert r["reverted"]["state"][pid] == "disabled"
     assert all(r["reverted"]["same_objects"].values())
@@ -142,6 +146,86 @@ def test_forward_extend_passes_fp8_scales_to_the_paged_lse_call(release):
     assert (unscaled["k_scale"], unscaled["v_scale"]) in [(None, None), ("absent", "absent")]
     for case in CASES_WITH_SHAPE:
         assert with_fix[case]["shape"] == without[case]["shape"] == [3, 16]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("pid, exercise", [(DRAFT, "draft_graph"), (MLA_DRAFT, "mla_draft_graph")])
+def test_draft_graph_kv_indices_rows_hold_every_topk_branch(release, pid, exercise):
+    # SGLang's own {FlashInfer,FlashInferMLA}MultiStepDraftBackend.init_cuda_graph_state: the fixed width is
+    # 0.5.13's draft_kv_indices_buffer_width(max_bs, topk, max_context_len), what the draft kernel fills for a
+    # full batch at the longest context (seq_lens_sum * topk + topk * max_bs * steps, seq_lens = context - steps)
+    r = report(release)
+    widths = {"topk4": 8 * 4 * 64, "topk1": 8 * 1 * 64}
+    for case, width in widths.items():
+        fixed = r["with"][exercise][case]
+        assert fixed["buffer"] == [3, width], fixed
+        assert fixed["rows"] == [[width]] * 2, fixed  # steps - 1 draft backends, each handed a full row
+    released = r["without"][exercise]
+    if EXPECTED[release][pid] == "patch":  # the bug as released: topk > 1 gets a row topk times too short
+        assert released["topk4"]["buffer"] == [3, 8 * 64] and released["topk4"]["rows"] == [[8 * 64]] * 2
+    else:
+        assert released == r["with"][exercise]
+    assert released["topk1"] == r["with"][exercise]["topk1"]  # topk 1: unchanged
+    derived = r["derived"][pid]  # from 0.5.13 on: upstream's change reverted in a copy of the module
+    if EXPECTED[release][pid] == "patch":
+        assert derived is None
+        return
+    assert derived["verdict"][0] == "patch", derived["verdict"]
+    assert derived["derived"]["topk4"]["buffer"] == [3, 8 * 64]  # the derived code is the bug
+    assert derived["patched"] == derived["release"] == r["without"][exercise]  # patched: the release
+    assert derived["undone"] == derived["derived"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_indices_updaters_plan_for_the_widest_layer(release):
+    # SGLang's own FlashInferIndicesUpdater{Decode,Prefill}.__init__, tensor-parallel size 2, a model of
+    # 16 heads whose layers have 16, 24, 16: the plan must hold 24 // 2 query heads (0.5.17's count)
+    r = report(release)
+    fixed = {"per_layer/Decode": 12, "per_layer/Prefill": 12, "uniform/Decode": 8, "uniform/Prefill": 8}
+    assert r["with"]["plan_heads"] == fixed
+    if EXPECTED[release][HEADS] == "patch":  # as released: the wider layers run on a 16-head plan
+        assert r["without"]["plan_heads"] == dict(fixed, **{"per_layer/Decode": 8, "per_layer/Prefill": 8})
+    else:
+        assert r["without"]["plan_heads"] == fixed
+    derived = r["derived"][HEADS]  # from 0.5.17 on: upstream's change reverted in a copy of the module
+    if EXPECTED[release][HEADS] == "patch":
+        assert derived is None
+        return
+    assert derived["verdict"][0] == "patch", derived["verdict"]
+    assert derived["derived"]["per_layer/Decode"] == derived["derived"]["per_layer/Prefill"] == 8  # the bug
+    assert derived["patched"] == derived["release"] == fixed
+    assert derived["undone"] == derived["derived"]
+
+
+SWA_PLANS = {  # update_sliding_window, window 4, (prefix, extend) = (6, 3), (2, 5): each wrapper's plan
+    "swa_prefix_only": {"lens": [4, 2], "sum": 6, "start": [2, 0], "mask": True},  # #26513 (0.5.13 on)
+    "swa_whole": {"lens": [7, 7], "sum": 14, "start": [2, 0], "mask": False},
+    "full_prefix_only": {"lens": [6, 2], "sum": 8, "start": None, "mask": False},  # the fix (0.5.21 on)
+    "full_whole": {"lens": [9, 7], "sum": 16, "start": [0, 0], "mask": False},
+}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_swa_full_attention_wrapper_reads_the_prefix_only_on_the_ragged_path(release):
+    # SGLang's own FlashInferIndicesUpdaterPrefill.update_sliding_window, call_begin_forward recorded:
+    # on the ragged path the full-attention wrapper must cover the cached prefix only, from slot 0
+    r, plans = report(release), SWA_PLANS
+    paged = [plans["swa_whole"], plans["full_whole"]]  # paged-only: whole sequences, before and after
+    verdict = EXPECTED[release][SWA_FULL]
+    fixed = [plans["swa_prefix_only"], plans["full_prefix_only"]]
+    bug = [plans["swa_prefix_only"], plans["full_whole"]]
+    if verdict == "not-affected":  # before #26513: both wrappers cover the extend slots, with or without flashfix
+        fixed = bug = [plans["swa_whole"], plans["full_whole"]]
+    assert r["with"]["swa_plan"] == {"ragged": fixed, "paged": paged}
+    assert r["without"]["swa_plan"] == {"ragged": bug if verdict == "patch" else fixed, "paged": paged}
+    derived = r["derived"][SWA_FULL]  # from the first fixed release on: upstream's change reverted in a copy
+    if verdict != "fixed-upstream":
+        assert derived is None
+        return
+    assert derived["verdict"][0] == "patch", derived["verdict"]
+    assert derived["derived"]["ragged"] == [plans["swa_prefix_only"], plans["full_whole"]]  # the bug
+    assert derived["patched"] == derived["release"] == r["with"]["swa_plan"]
+    assert derived["undone"] == derived["derived"]
 
 
 CASES_WITH_SHAPE = ("ragged_with_prefix", "paged", "ragged_no_prefix", "ragged_with_prefix_no_scales")

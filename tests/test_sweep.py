@@ -24,20 +24,31 @@ SCRIPT = REPO / "scripts" / "sweep_releases.py"
 COMMITTED = REPO / "benchmarks" / "results" / "sweep.json"
 
 FP8, AUTOTUNE, VISION = "sglang-fp8-kv-scales", "sglang-sm120-fp8-autotune", "sglang-vision-config"
+DRAFT, HEADS = "sglang-eagle-draft-graph-kv-indices", "sglang-per-layer-heads-plan"
+MLA_DRAFT = "sglang-eagle-mla-draft-graph-kv-indices"
+SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
 SINK, JIT = "vllm-sink-prefill", "flashinfer-sink-jit-name"
 
 
-def _sglang(fp8, autotune, vision):
-    return {FP8: fp8, AUTOTUNE: autotune, VISION: vision}
+def _sglang(fp8, autotune, vision, draft, heads="patch", swa_full="not-affected"):
+    return {FP8: fp8, AUTOTUNE: autotune, VISION: vision, DRAFT: draft, MLA_DRAFT: draft, HEADS: heads,
+            SWA_FULL: swa_full}
 
 
 EXPECTED = {
-    ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected"),
-    ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected"),
-    ("sglang", "0.5.5"): _sglang("patch", "not-affected", "not-affected"),
-    ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch"),
-    ("sglang", "0.5.14"): _sglang("patch", "patch", "patch"),
-    ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream"),
+    ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected", "patch"),
+    ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected", "patch"),
+    ("sglang", "0.5.5"): _sglang("patch", "not-affected", "not-affected", "patch"),
+    ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch", "patch"),
+    ("sglang", "0.5.12.post1"): _sglang("patch", "not-affected", "patch", "patch"),
+    ("sglang", "0.5.13"): _sglang("patch", "not-affected", "patch", "fixed-upstream", swa_full="patch"),
+    ("sglang", "0.5.14"): _sglang("patch", "patch", "patch", "fixed-upstream", swa_full="patch"),
+    ("sglang", "0.5.16"): _sglang("patch", "patch", "patch", "fixed-upstream", swa_full="patch"),
+    ("sglang", "0.5.17"): _sglang("patch", "patch", "patch", "fixed-upstream", "fixed-upstream", "patch"),
+    ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream",
+                                  "fixed-upstream", "patch"),
+    ("sglang", "0.5.20"): _sglang(*["fixed-upstream"] * 5, "patch"),
+    ("sglang", "0.5.21"): _sglang(*["fixed-upstream"] * 6),
     ("vllm", "0.24.0"): {SINK: "not-affected"},  # supports_sink ends in supports_trtllm_attention()
     ("vllm", "0.27.1"): {SINK: "not-affected"},
     ("vllm", "0.30.0"): {SINK: "fixed-upstream"},
@@ -89,6 +100,12 @@ def test_reasons_name_what_decided(sweep):
     assert "hasattr" in rows["sglang", "0.5.5.post1"][VISION]["reason"]
     assert "BaseRunner" not in rows["sglang", "0.5.1"][AUTOTUNE]["reason"]
     assert "supports_sink" in rows["vllm", "0.27.1"][SINK]["reason"]
+    assert "max_bs * max_context_len, without topk" in rows["sglang", "0.5.12.post1"][DRAFT]["reason"]
+    assert "draft_kv_indices_buffer_width" in rows["sglang", "0.5.13"][DRAFT]["reason"]
+    assert "plans every layer for model_runner.model_config.num_attention_heads" in rows["sglang", "0.5.16"][HEADS]["reason"]
+    assert "get_max_num_attention_heads" in rows["sglang", "0.5.17"][HEADS]["reason"]
+    assert "predates sglang#26513" in rows["sglang", "0.5.12.post1"][SWA_FULL]["reason"]
+    assert "extend slots not yet written" in rows["sglang", "0.5.20"][SWA_FULL]["reason"]
 
 
 def test_each_wheel_is_read_in_part_with_its_own_version_and_hashes(sweep):
