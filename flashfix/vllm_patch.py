@@ -239,7 +239,8 @@ DCP_PAGE_COUNTS = Backport(
     id="vllm-dcp-page-counts", engine="vllm", versions=">=0.20", fixed_in="0.30.0",
     upstream="https://github.com/vllm-project/vllm/pull/48003",
     module=TARGET, function=BUILDER + ".build", fixed_if="$S = $S.clone()",
-    where="(seq_lens_np + ($PS - 1)) // $PS",
+    where="(seq_lens_np + ($PS - 1)) // $PS", fixed="{name} copies the lengths before the DCP subtraction (PR #48003 is in)",
+    buggy="{name} (line {line}) counts pages from the global lengths and subtracts in place from the shared `{S}`",
     before="""
 if self.use_dcp:
     assert $S is not None
@@ -291,4 +292,35 @@ FP8_KV_SHARING = Backport(
 
     Delete when: flashfix no longer supports vLLM older than 0.22.0.""")
 
-PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, FP8_KV_SHARING)
+
+
+# --- attention sinks refreshed on a weight reload (fixed in vLLM 0.26.0) -----------------------
+
+SINKS_RELOAD = Backport(
+    id="vllm-sinks-weight-reload", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    summary="FlashInferImpl keeps the sinks parameter and refreshes its float32 copy on every weight load",
+    doc="""Why: ``FlashInferImpl.process_weights_after_loading`` replaces a bf16 ``sinks`` parameter by
+    a float32 copy once; on a later weight load (RL weight sync, ``reload_weights``) the copy is
+    already float32, so it is kept, and attention runs with the first checkpoint's sinks: silently
+    wrong output until restart (GPT-OSS, bf16 sinks, trtllm-gen / XQA).
+    How: ``__init__`` keeps the parameter (``_sinks_source``); each weight load converts it again, or
+    copies it into the existing float32 tensor (its address stays, for captured CUDA graphs).
+    Affected: 0.20.0 to 0.25.1 (0.26.0 refreshes the copy; the PR was not identified).
+
+    Delete when: flashfix no longer supports vLLM older than 0.26.0.""",
+    hunks=(Rule(TARGET, "FlashInferImpl.__init__", fixed_if="$SELF._sinks_source",
+                before="$SELF.sinks: $T = None", after="$SELF.sinks: $T = None\n$SELF._sinks_source = sinks"),
+           Rule(TARGET, "FlashInferImpl.process_weights_after_loading", fixed_if="$SELF._sinks_source",
+                before="""
+if $SELF.sinks is not None and $SELF.sinks.dtype != torch.float32:
+    $SELF.sinks = $SELF.sinks.to(torch.float32)
+""", after="""
+if $SELF._sinks_source is not None:
+    if $SELF.sinks is None or $SELF.sinks.dtype != torch.float32 or $SELF._sinks_source.dtype == torch.float32:
+        $SELF.sinks = $SELF._sinks_source.to(torch.float32)
+    else:
+        $SELF.sinks.copy_($SELF._sinks_source)
+""")))
+
+PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, FP8_KV_SHARING, SINKS_RELOAD)

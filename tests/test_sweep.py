@@ -31,6 +31,15 @@ def _sglang(fp8, autotune, vision):
     return {FP8: fp8, AUTOTUNE: autotune, VISION: vision}
 
 
+LSE = ("vllm-mla-flashinfer-lse", "vllm-mla-trtllm-ragged-lse", "vllm-dcp-prefill-lse")  # vLLM #52796, fixed in 0.29.0
+PAGES, SHARING, RELOAD = "vllm-dcp-page-counts", "vllm-fp8-kv-sharing-view", "vllm-sinks-weight-reload"
+# fixed in 0.30.0, 0.22.0 and 0.26.0
+
+
+def _vllm(sink, lse, pages, sharing, reload):
+    return dict({SINK: sink, PAGES: pages, SHARING: sharing, RELOAD: reload}, **{i: lse for i in LSE})
+
+
 EXPECTED = {
     ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected"),
     ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected"),
@@ -38,10 +47,15 @@ EXPECTED = {
     ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch"),
     ("sglang", "0.5.14"): _sglang("patch", "patch", "patch"),
     ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream"),
-    ("vllm", "0.24.0"): {SINK: "not-affected"},  # supports_sink ends in supports_trtllm_attention()
-    ("vllm", "0.27.1"): {SINK: "not-affected"},
-    ("vllm", "0.30.0"): {SINK: "fixed-upstream"},
-    ("vllm", "0.28.0"): {SINK: "fixed-upstream"},
+    ("vllm", "0.20.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill in mla_attention.py
+    ("vllm", "0.21.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill backends from here
+    ("vllm", "0.22.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
+    # supports_sink ends in supports_trtllm_attention()
+    ("vllm", "0.24.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
+    ("vllm", "0.27.1"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.28.0"): _vllm("fixed-upstream", "patch", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.29.0"): _vllm("fixed-upstream", "fixed-upstream", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.30.0"): _vllm("fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream"),
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
