@@ -323,4 +323,25 @@ if $SELF._sinks_source is not None:
         $SELF.sinks.copy_($SELF._sinks_source)
 """)))
 
-PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, FP8_KV_SHARING, SINKS_RELOAD)
+
+
+# --- vLLM PR #38895: DCP's ragged new-token wrapper told the KV-cache layout ---------------------
+
+DCP_RAGGED_LAYOUT = Backport(
+    id="vllm-dcp-ragged-layout", engine="vllm", versions=">=0.20", fixed_in="0.22.0",
+    upstream="https://github.com/vllm-project/vllm/pull/38895",
+    module=TARGET, function="BatchDCPPrefillWrapper.__init__",
+    before="BatchPrefillWithRaggedKVCacheWrapper($WS, get_kv_cache_layout())",
+    after="BatchPrefillWithRaggedKVCacheWrapper($WS)",
+    summary="FlashInfer DCP prefill: the new tokens' ragged wrapper reads key/value as the NHD tensors they are",
+    doc="""Why: ``BatchDCPPrefillWrapper`` builds its ragged wrapper for the new tokens with the paged
+    KV cache's layout; with an HND cache (SM100, where trtllm-gen requires it) FlashInfer reads the
+    new tokens' key/value, which are [tokens, heads, dim] (NHD) tensors, as [heads, tokens, dim]:
+    the new tokens' attention is computed over the wrong elements.
+    How: the ragged wrapper gets FlashInfer's default layout, NHD, as upstream does.
+    Affected: 0.20.0 to 0.21.0 (fixed upstream in 0.22.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.22.0.""")
+
+PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, FP8_KV_SHARING, SINKS_RELOAD,
+           DCP_RAGGED_LAYOUT)

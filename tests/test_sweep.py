@@ -32,12 +32,12 @@ def _sglang(fp8, autotune, vision):
 
 
 LSE = ("vllm-mla-flashinfer-lse", "vllm-mla-trtllm-ragged-lse", "vllm-dcp-prefill-lse")  # vLLM #52796, fixed in 0.29.0
-PAGES, SHARING, RELOAD = "vllm-dcp-page-counts", "vllm-fp8-kv-sharing-view", "vllm-sinks-weight-reload"
-# fixed in 0.30.0, 0.22.0 and 0.26.0
+PAGES, RELOAD = "vllm-dcp-page-counts", "vllm-sinks-weight-reload"  # fixed in 0.30.0 and 0.26.0
+SHARING = ("vllm-fp8-kv-sharing-view", "vllm-dcp-ragged-layout")  # both fixed in 0.22.0
 
 
 def _vllm(sink, lse, pages, sharing, reload):
-    return dict({SINK: sink, PAGES: pages, SHARING: sharing, RELOAD: reload}, **{i: lse for i in LSE})
+    return dict({SINK: sink, PAGES: pages, RELOAD: reload}, **{i: lse for i in LSE}, **{i: sharing for i in SHARING})
 
 
 EXPECTED = {

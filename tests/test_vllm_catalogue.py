@@ -2,8 +2,10 @@
 
 vLLM #52796 (FlashInfer's base-2 LSE merged as natural log: ``vllm-mla-flashinfer-lse``,
 ``vllm-mla-trtllm-ragged-lse``, ``vllm-dcp-prefill-lse``), #48003 (DCP page counts and the shared
-``seq_lens_cpu``: ``vllm-dcp-page-counts``), the FP8 KV-sharing view (``vllm-fp8-kv-sharing-view``)
-and the sinks refreshed on a weight reload (``vllm-sinks-weight-reload``).
+``seq_lens_cpu``: ``vllm-dcp-page-counts``), the FP8 KV-sharing view (``vllm-fp8-kv-sharing-view``),
+the sinks refreshed on a weight reload (``vllm-sinks-weight-reload``) and DCP's ragged wrapper layout
+(#38895, ``vllm-dcp-ragged-layout``, checked without an engine process only: its edit gives back the
+release's own ``__init__``).
 
 One process per release runs tests/vllm_catalogue_check.py (vLLM's own functions on CPU, FlashInfer
 replaced by a CPU stand-in that returns a base-2 LSE as FlashInfer does; see that file):
@@ -154,22 +156,25 @@ def test_derived_pre_48003_shape_is_restored_to_0_30_0(tmp_path):
     assert fixed["with"] == dict(fixed["without"], ran={i: False for i in LSE_IDS + (PAGES, FP8, RELOAD)})
 
 
-@pytest.mark.parametrize("patch_id, module", [
-    ("vllm-mla-flashinfer-lse", "vllm.v1.attention.backends.mla.prefill.flashinfer"),
-    ("vllm-mla-trtllm-ragged-lse", "vllm.v1.attention.backends.mla.prefill.trtllm_ragged"),
-    ("vllm-dcp-prefill-lse", vllm_patch.TARGET),
+@pytest.mark.parametrize("patch_id, module, release", [
+    ("vllm-mla-flashinfer-lse", "vllm.v1.attention.backends.mla.prefill.flashinfer", "0.29.0"),
+    ("vllm-mla-trtllm-ragged-lse", "vllm.v1.attention.backends.mla.prefill.trtllm_ragged", "0.29.0"),
+    ("vllm-dcp-prefill-lse", vllm_patch.TARGET, "0.29.0"),
+    ("vllm-dcp-ragged-layout", vllm_patch.TARGET, "0.28.0"),  # fixed in 0.22.0, the same form as 0.28.0's
 ])
-def test_derived_pre_52796_shapes_are_edited_back_to_0_29_0(patch_id, module):
+def test_derived_pre_fix_shapes_are_edited_back_to_the_release(patch_id, module, release):
+    # upstream's change turned back in the release's own file (semantic.derive_prefix): a pre-fix
+    # shape the doctor patches, whose functions the declaration edits back into the release's
     patch = PATCHES[patch_id]
-    fixed_text = installed("vllm==0.29.0", module).read_text()
+    fixed_text = installed("vllm==" + release, module).read_text()
     derived = semantic.derive_prefix(patch, fixed_text)
     fixed, prefix = ast.parse(fixed_text), ast.parse(derived)
-    assert _registry.judge(patch, {module: fixed}, "0.29.0")[0] == "fixed-upstream"
-    assert _registry.judge(patch, {module: prefix}, "0.29.0")[0] == "patch"
-    assert "log2_lse_to_ln" not in "".join(ast.unparse(_source.find_def(prefix, q)) for _, q in patch.rule.layouts[-1])
+    assert _registry.judge(patch, {module: fixed}, release)[0] == "fixed-upstream"
+    assert _registry.judge(patch, {module: prefix}, release)[0] == "patch"
     shape, located, given = patch.rule.shape(lambda m: prefix)
     for rule, _, qualname, _ in located:
         edited = _source.find_def(prefix, qualname)
+        assert ast.dump(edited) != ast.dump(_source.find_def(fixed, qualname))
         mark = ast.Expr(ast.Constant("mark"))
         rule.edit(edited, mark, given=given)
         for node in ast.walk(edited):  # the one-time marker goes before the edited statement, at any depth
