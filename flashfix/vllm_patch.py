@@ -186,6 +186,9 @@ else:
 
 
 # --- vLLM PR #52796: FlashInfer's base-2 LSE merged as a natural-log one ------------------------
+# Three declarations for the one PR: the FlashInfer and TRT-LLM MLA prefill backends are imported
+# lazily, only the one selected, and the DCP wrapper lives in the backend module; a patch applies
+# once all its targets are imported, so one declaration over the three would wait for all three.
 
 def log2_lse_to_ln(lse):
     """A base-2 log-sum-exp in natural-log units (vLLM 0.29.0 adds a helper of this name)."""
