@@ -474,8 +474,8 @@ class Declaration:
         defining = []
         for modname, qualname in self.sites:
             found = _locate.find(modname)
-            if found is None or found.text is None or qualname.rsplit(".", 1)[-1] not in found.text:
-                continue  # not there, or never spelled: not parsed (a site module may be large)
+            if found is None or found.text is None:
+                continue
             try:
                 node = _source.find_def(_source.Module(found.text, found.origin), qualname)
             except (ShapeError, SyntaxError, ValueError):
