@@ -221,8 +221,11 @@ def build(template, b, at=None, src=None):
     (``flashfix_text``, for ``_render``): the pattern's own text, each metavariable written as
     the engine's text of its binding."""
     name = _meta(template)
-    if name is not None:
-        return copy.deepcopy(b[name])
+    if name is not None:  # the binding, in the template's load/store context (``$X = f($X)``)
+        new = copy.deepcopy(b[name])
+        if hasattr(new, "ctx") and hasattr(template, "ctx"):
+            new.ctx = template.ctx
+        return new
     src = getattr(template, "flashfix_src", src)
     node = copy.copy(template)
     for field, value in ast.iter_fields(template):
@@ -512,7 +515,10 @@ class Declaration:
 
     def __init__(self, id, hunks, sites, needs, context, check):
         self.id, self.hunks, self.needs, self.context, self.check = id, hunks, dict(needs or {}), context, check
-        self.sites = tuple(sites or ((hunks[0].module, hunks[0].function),))
+        # a site: the first hunk's (module, function), or one (module, function) per hunk
+        self.layouts = [s if isinstance(s[0], tuple) else (s,) + tuple((h.module, h.function) for h in hunks[1:])
+                        for s in sites or ((hunks[0].module, hunks[0].function),)]
+        self.sites = tuple(layout[0] for layout in self.layouts)
 
     def targets(self):
         """The module that defines the first hunk's function (from definitions, read when the
@@ -529,8 +535,8 @@ class Declaration:
 
     @property
     def derivable(self):
-        """Is the one hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
-        return len(self.hunks) == 1 and self.hunks[0].derivable
+        """Is every hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
+        return all(h.derivable for h in self.hunks)
 
     def locate(self, tree_of, trees=None):
         """``[(module, qualname, def node)]``: each site that defines the first hunk's function;
@@ -549,12 +555,12 @@ class Declaration:
         defs = self.locate(tree_of, trees)
         if len(defs) != 1:
             return self._absent(trees, defs), None, None
-        located = []
+        located, layout = [], next(layout for layout in self.layouts if layout[0] == defs[0][:2])
         for index, rule in enumerate(self.hunks):  # a hunk's function is read only if no earlier one is fixed
             if index == 0:
                 modname, qualname, func = defs[0]
             else:
-                modname, qualname = rule.module, rule.function
+                modname, qualname = layout[index]
                 if modname not in trees:
                     trees[modname] = tree_of(modname)
                 func = _target(trees[modname], qualname)
@@ -711,7 +717,8 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     code never mentions it; else an absent target is unknown-shape). ``$SELF``: the function's
     first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple of
     ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
-    ``(module, function)``, the first hunk's function per release layout. ``needs``: dict
+    ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple
+    of one ``(module, function)`` per hunk). ``needs``: dict
     ``{name: module}``, globals the new code reads that the target may lack. ``context``: callable
     ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape`` that decides; ``check``:
     callable ``(module)``, at apply time. Either refuses by raising ``ShapeError`` (``from
@@ -742,30 +749,35 @@ def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # n
 
 
 def derive_prefix(patch, text):
-    """``text`` (a module's source with the fix) with the one ``after`` form in the backport's
-    function turned back into ``before``: a pre-fix shape. Lines outside the changed statement
-    keep their text. ValueError unless ``after`` is upstream's form and matches exactly once."""
+    """``text`` (a module's source with the fix) with each hunk's ``after`` form turned back into
+    ``before`` in its function (of the layout in ``sites`` that ``text`` defines): a pre-fix shape.
+    Lines outside the changed statements keep their text. ValueError unless every ``after`` is
+    upstream's form and matches exactly once (at least once under ``every``)."""
     from flashfix.core import render as _render
 
-    rule = patch.rule
-    if not rule.derivable:
-        raise ValueError("%s: its after-form is not upstream's (fixed_if, or several hunks): nothing to turn back"
-                         % rule.hunks[0].function)
-    rule, tree = rule.hunks[0], _source.Module(text, "<derived>")
-    func = _target(tree, rule.function)
-    if not isinstance(func, _BODIES):
-        raise ValueError("%s has no function %s" % (rule.module, rule.name))
-    edited = copy.deepcopy(func)
-    found = find(rule.after, rule._scopes(edited))
-    if len(found) != 1:
-        raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), rule.name, len(found)))
-    try:
-        _put(edited, found[0][0], build(rule.before, found[0][1]))
-    except KeyError as exc:
-        raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
-                         % (rule.name, exc.args[0])) from None
-    rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited)) if isinstance(func, (
-        ast.FunctionDef, ast.AsyncFunctionDef)) else _body(tree, func, lambda e, _: setattr(e, "body", edited.body), False)[0]
-    lines = _render._lines(text)
-    return "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
-        _render._lines(rendered.before)):])
+    decl = patch.rule
+    if not decl.derivable:
+        raise ValueError("%s: its after-form is not upstream's (fixed_if): nothing to turn back" % decl.id)
+    layout = next((l for l in decl.layouts if _target(_source.Module(text, "<derived>"), l[0][1]) is not None),
+                  decl.layouts[0])
+    for rule, (modname, qualname) in zip(decl.hunks, layout):
+        tree = _source.Module(text, "<derived>")
+        func = _target(tree, qualname)
+        if not isinstance(func, _BODIES):
+            raise ValueError("%s has no function %s" % (modname, qualname))
+        edited = copy.deepcopy(func)
+        found = find(rule.after, rule._scopes(edited))
+        if len(found) != 1 and not (rule.every and found):
+            raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), qualname, len(found)))
+        try:
+            for node, b in reversed(found):
+                _put(edited, node, build(rule.before, b))
+        except KeyError as exc:
+            raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
+                             % (qualname, exc.args[0])) from None
+        rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited)) if isinstance(func, (
+            ast.FunctionDef, ast.AsyncFunctionDef)) else _body(tree, func, lambda e, _: setattr(e, "body", edited.body), False)[0]
+        lines = _render._lines(text)
+        text = "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
+            _render._lines(rendered.before)):])
+    return text

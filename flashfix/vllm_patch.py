@@ -183,7 +183,171 @@ else:
 """),
     ))
 
-PATCHES = (SINK_PREFILL,)
+
+
+# --- vLLM PR #52796: FlashInfer's base-2 LSE merged as a natural-log one ------------------------
+# Three declarations for the one PR: the FlashInfer and TRT-LLM MLA prefill backends are imported
+# lazily, only the one selected, and the DCP wrapper lives in the backend module; a patch applies
+# once all its targets are imported, so one declaration over the three would wait for all three.
+
+def log2_lse_to_ln(lse):
+    """A base-2 log-sum-exp in natural-log units (vLLM 0.29.0 adds a helper of this name)."""
+    return lse * 0.6931471805599453  # ln 2
+
+
+_LSE_DOC = """Why: FlashInfer's prefill wrappers and TRT-LLM's ragged DeepSeek prefill return the
+    log-sum-exp in base 2; vLLM's ``merge_attn_states`` (and the MLA chunked-context merge) read it
+    as natural log, so on every prefill that merges two partial attentions (%s) the two parts are
+    mis-weighted: silently wrong output, 3 %% to 17 %% relative L2 on an H200.
+    How: the LSE is multiplied by ln 2 where the wrapper returns it, as upstream does
+    (``log2_lse_to_ln``, added to the module from flashfix where the release lacks it).%s
+    Affected: 0.20.0 to 0.28.0 (fixed upstream in 0.29.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.29.0."""
+_LSE = dict(engine="vllm", versions=">=0.20", fixed_in="0.29.0", upstream="https://github.com/vllm-project/vllm/pull/52796",
+            needs={"log2_lse_to_ln": "flashfix.vllm_patch"})
+_MLA_LSE_RETURN = dict(before="return $O, $L", after="return $O, log2_lse_to_ln($L)",
+                       constraints={"L": r".*\.transpose\(0, 1\)(\.contiguous\(\))?"},
+                       buggy="{name} (line {line}) returns FlashInfer's base-2 LSE `{L}` unconverted")
+_MLA_LAYOUT = "\n    The code moved: ``MLACommonImpl._run_prefill_*_%s`` in 0.20.x, the prefill backend classes from 0.21.0."
+
+
+def _mla_lse(id, module, cls, suffix, what):
+    """The MLA prefill backend's two LSE returns (new tokens, context chunk), in both layouts."""
+    old = "vllm.model_executor.layers.attention.mla_attention"
+    hunks = tuple(Rule(module, "%s.run_prefill_%s" % (cls, part), **_MLA_LSE_RETURN)
+                  for part in ("new_tokens", "context_chunk"))
+    return Backport(id=id, hunks=hunks, summary="%s: the returned LSE is converted from base 2 to natural log" % what,
+                    sites=(tuple((old, "MLACommonImpl._run_prefill_%s_%s" % (p, suffix)) for p in ("new_tokens", "context_chunk")),
+                           tuple((h.module, h.function) for h in hunks)),
+                    doc=_LSE_DOC % ("MLA prefill over a cached prefix or chunked context, with %s" % what,
+                                    _MLA_LAYOUT % suffix), **_LSE)
+
+
+MLA_FI_LSE = _mla_lse("vllm-mla-flashinfer-lse", "vllm.v1.attention.backends.mla.prefill.flashinfer",
+                      "FlashInferPrefillBackend", "fi", "FlashInfer MLA prefill")
+MLA_TRTLLM_LSE = _mla_lse("vllm-mla-trtllm-ragged-lse", "vllm.v1.attention.backends.mla.prefill.trtllm_ragged",
+                          "TrtllmRaggedPrefillBackend", "trtllm_ragged", "TRT-LLM ragged MLA prefill")
+DCP_LSE = Backport(
+    id="vllm-dcp-prefill-lse", module=TARGET, function="BatchDCPPrefillWrapper.run", every=True,
+    before="$L = $L.transpose(0, 1).contiguous()", after="$L = log2_lse_to_ln($L.transpose(0, 1).contiguous())",
+    summary="FlashInfer DCP prefill: the context and new-token LSEs are converted from base 2 to natural log "
+            "before they are merged", doc=_LSE_DOC % ("FlashInfer prefill with decode context parallelism, "
+                                                        "``BatchDCPPrefillWrapper.run``", ""), **_LSE)
+
+
+# --- vLLM PR #48003: DCP page counts from global lengths, shared seq_lens mutated ----------------
+
+DCP_PAGE_COUNTS = Backport(
+    id="vllm-dcp-page-counts", engine="vllm", versions=">=0.20", fixed_in="0.30.0",
+    upstream="https://github.com/vllm-project/vllm/pull/48003",
+    module=TARGET, function=BUILDER + ".build", fixed_if="$S = $S.clone()",
+    where="(seq_lens_np + ($PS - 1)) // $PS", fixed="{name} copies the lengths before the DCP subtraction (PR #48003 is in)",
+    buggy="{name} (line {line}) counts pages from the global lengths and subtracts in place from the shared `{S}`",
+    before="""
+if self.use_dcp:
+    assert $S is not None
+    if $NP > 0:
+        $$$PRE
+        $S[$ND:] = $S[$ND:] - $QL
+    $S = get_dcp_local_seq_lens($S, $$$A)
+""", after="""
+if self.use_dcp:
+    assert $S is not None
+    if $NP > 0:
+        $S = $S.clone()
+        $$$PRE
+        $S[$ND:] = $S[$ND:] - $QL
+    $S = get_dcp_local_seq_lens($S, $$$A)
+    seq_lens_np = $S.numpy()
+    num_blocks_np = (seq_lens_np + ($PS - 1)) // $PS
+""",
+    summary="FlashInfer with DCP: paged-KV page counts and last-page lengths from the rank-local lengths, and the "
+            "shared seq_lens_cpu left unmodified",
+    doc="""Why: with decode context parallelism, ``FlashInferMetadataBuilder.build`` takes the page counts
+    (``num_blocks_np``, a view ``seq_lens_np``) from the global sequence lengths before converting them to
+    this rank's share, so the paged-KV indptr/indices/last-page lengths planned for FlashInfer's native
+    paths describe pages the rank does not hold; and it subtracts the prefill query lengths from
+    ``common_attn_metadata.seq_lens_cpu`` in place, which other KV-cache groups built from the same
+    metadata then read (a hybrid model's second group subtracts again): silently wrong attention.
+    How: as upstream, the lengths are cloned before the in-place subtraction, and ``seq_lens_np`` and
+    ``num_blocks_np`` are computed again from the rank-local lengths (the release's own page size).
+    Affected: 0.20.0 to 0.29.0 (fixed upstream in 0.30.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.30.0.""")
+
+
+# --- FP8 KV cache on KV-sharing layers (fixed in vLLM 0.22.0) ---------------------------------
+
+FP8_KV_SHARING = Backport(
+    id="vllm-fp8-kv-sharing-view", engine="vllm", versions=">=0.20", fixed_in="0.22.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.21.0...v0.22.0",
+    module=TARGET, function="FlashInferImpl.forward", fixed_if="$KV.view(fp8_view_dtype)",
+    before="self.kv_sharing_target_layer_name is None and is_quantized_kv_cache($D)",
+    after="is_quantized_kv_cache($D)",
+    summary="FlashInferImpl.forward views a quantized KV cache as FP8 on KV-sharing layers too",
+    doc="""Why: vLLM stores an FP8 KV cache as uint8 bytes and ``forward`` views it as FP8 before
+    FlashInfer reads it, but skips the view on a layer that shares another layer's cache
+    (``kv_sharing_target_layer_name`` set: Gemma-3n, Hunyuan, cross-layer-sharing models); FlashInfer
+    then receives a uint8 cache, which it takes for NVFP4: silently wrong attention on those layers.
+    How: the view is taken whatever the layer's sharing (a view of the shared tensor, no copy).
+    Affected: 0.20.0 to 0.21.0 (0.22.0 views every uint8 FP8 cache).
+
+    Delete when: flashfix no longer supports vLLM older than 0.22.0.""")
+
+
+
+# --- attention sinks refreshed on a weight reload (fixed in vLLM 0.26.0) -----------------------
+
+SINKS_RELOAD = Backport(
+    id="vllm-sinks-weight-reload", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    summary="FlashInferImpl keeps the sinks parameter and refreshes its float32 copy on every weight load",
+    doc="""Why: ``FlashInferImpl.process_weights_after_loading`` replaces a bf16 ``sinks`` parameter by
+    a float32 copy once; on a later weight load (RL weight sync, ``reload_weights``) the copy is
+    already float32, so it is kept, and attention runs with the first checkpoint's sinks: silently
+    wrong output until restart (GPT-OSS, bf16 sinks, trtllm-gen / XQA).
+    How: ``__init__`` keeps the parameter (``_sinks_source``); each weight load converts it again, or
+    copies it into the existing float32 tensor (its address stays, for captured CUDA graphs).
+    Affected: 0.20.0 to 0.25.1 (0.26.0 refreshes the copy; the PR was not identified).
+
+    Delete when: flashfix no longer supports vLLM older than 0.26.0.""",
+    hunks=(Rule(TARGET, "FlashInferImpl.__init__", fixed_if="$SELF._sinks_source",
+                before="$SELF.sinks: $T = None", after="$SELF.sinks: $T = None\n$SELF._sinks_source = sinks"),
+           Rule(TARGET, "FlashInferImpl.process_weights_after_loading", fixed_if="$SELF._sinks_source",
+                before="""
+if $SELF.sinks is not None and $SELF.sinks.dtype != torch.float32:
+    $SELF.sinks = $SELF.sinks.to(torch.float32)
+""", after="""
+if $SELF._sinks_source is not None:
+    if $SELF.sinks is None or $SELF.sinks.dtype != torch.float32 or $SELF._sinks_source.dtype == torch.float32:
+        $SELF.sinks = $SELF._sinks_source.to(torch.float32)
+    else:
+        $SELF.sinks.copy_($SELF._sinks_source)
+""")))
+
+
+
+# --- vLLM PR #38895: DCP's ragged new-token wrapper told the KV-cache layout ---------------------
+
+DCP_RAGGED_LAYOUT = Backport(
+    id="vllm-dcp-ragged-layout", engine="vllm", versions=">=0.20", fixed_in="0.22.0",
+    upstream="https://github.com/vllm-project/vllm/pull/38895",
+    module=TARGET, function="BatchDCPPrefillWrapper.__init__",
+    before="BatchPrefillWithRaggedKVCacheWrapper($WS, get_kv_cache_layout())",
+    after="BatchPrefillWithRaggedKVCacheWrapper($WS)",
+    summary="FlashInfer DCP prefill: the new tokens' ragged wrapper reads key/value as the NHD tensors they are",
+    doc="""Why: ``BatchDCPPrefillWrapper`` builds its ragged wrapper for the new tokens with the paged
+    KV cache's layout; with an HND cache (SM100, where trtllm-gen requires it) FlashInfer reads the
+    new tokens' key/value, which are [tokens, heads, dim] (NHD) tensors, as [heads, tokens, dim]:
+    the new tokens' attention is computed over the wrong elements.
+    How: the ragged wrapper gets FlashInfer's default layout, NHD, as upstream does.
+    Affected: 0.20.0 to 0.21.0 (fixed upstream in 0.22.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.22.0.""")
+
+PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, FP8_KV_SHARING, SINKS_RELOAD,
+           DCP_RAGGED_LAYOUT)
 
 
 # --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------

@@ -288,3 +288,47 @@ def test_the_diff_is_upstreams_lines_in_the_engines_spelling():
                      '"vision_config", None) is not None']
     plain = rendered.text(_render.PLAIN).splitlines()
     assert plain[plain.index(added[0]) - 1] == "        # TODO: requires further polishing"
+
+
+LAYOUTS = {
+    "old": "class Impl:\n    def _new_fi(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
+           "    def _ctx_fi(self, q):\n        out, lse = run(q)\n        return out, lse.transpose(0, 1)\n",
+    "new": "class Backend:\n    def new_tokens(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
+           "    def context_chunk(self, q):\n        out, lse = run(q)\n        return out, lse.transpose(0, 1)\n",
+}
+
+
+def test_a_metavariable_in_a_store_and_a_load_position_builds_compilable_code():
+    # `$L = f($L)`: the first match binds the assignment's target (a store); built into a load
+    # position it must be a load, or the edited function does not compile (and cannot be rendered)
+    patch = semantic.Backport(id="t-ctx", engine="e", versions=">=1", upstream="u", fixed_in="2", summary="s",
+                              doc="Delete when: never", module="m", function="f", every=True,
+                              before="$L = $L.transpose(0, 1)", after="$L = to_ln($L.transpose(0, 1))")
+    old = "def f(a, b):\n    a = a.transpose(0, 1)\n    b = b.transpose(0, 1)\n    return a, b\n"
+    func = _source.find_def(ast.parse(old), "f")
+    edited = copy.deepcopy(func)
+    patch.rule.hunks[0].edit(edited, _source.marker("t:x"))
+    compile(ast.fix_missing_locations(ast.Module([edited], [])), "t", "exec")
+    new = old.replace("a = a.transpose(0, 1)", "a = to_ln(a.transpose(0, 1))").replace(
+        "b = b.transpose(0, 1)", "b = to_ln(b.transpose(0, 1))")
+    assert semantic.derive_prefix(patch, new) == old  # every match turned back, each rendered in place
+
+
+def test_sites_give_every_hunk_its_function_per_layout():
+    # two hunks (two functions) that moved together between releases, renamed: one declaration
+    rule = dict(before="return $O, $L", after="return $O, to_ln($L)", constraints={"L": r".*\.transpose\(0, 1\)"})
+    hunks = (semantic.Rule("new", "Backend.new_tokens", **rule), semantic.Rule("new", "Backend.context_chunk", **rule))
+    patch = semantic.Backport(id="t-lay", engine="e", versions=">=1", upstream="u", fixed_in="2", summary="s",
+                              doc="Delete when: never", hunks=hunks,
+                              sites=((("old", "Impl._new_fi"), ("old", "Impl._ctx_fi")),
+                                     (("new", "Backend.new_tokens"), ("new", "Backend.context_chunk"))))
+    for layout, text in LAYOUTS.items():
+        trees = {"old": None, "new": None, layout: ast.parse(text)}
+        shape, located, _ = patch.rule.shape(trees.get)
+        assert shape.kind == _registry.BUGGY, (layout, shape)
+        assert [(m, q) for _, m, q, _ in located] == list(patch.rule.layouts[layout == "new"])
+        fixed = text.replace("ret[1].transpose(0, 1)", "to_ln(ret[1].transpose(0, 1))").replace(
+            "lse.transpose(0, 1)", "to_ln(lse.transpose(0, 1))")
+        assert patch.rule.shape(dict(trees, **{layout: ast.parse(fixed)}).get)[0].kind == _registry.FIXED
+        derived = semantic.derive_prefix(patch, fixed)  # both hunks turned back (a tuple re-rendered in parentheses)
+        assert ast.dump(ast.parse(derived)) == ast.dump(ast.parse(text)), derived

@@ -35,6 +35,15 @@ def _sglang(fp8, autotune, vision, draft, heads="patch", swa_full="not-affected"
             SWA_FULL: swa_full}
 
 
+LSE = ("vllm-mla-flashinfer-lse", "vllm-mla-trtllm-ragged-lse", "vllm-dcp-prefill-lse")  # vLLM #52796, fixed in 0.29.0
+PAGES, RELOAD = "vllm-dcp-page-counts", "vllm-sinks-weight-reload"  # fixed in 0.30.0 and 0.26.0
+SHARING = ("vllm-fp8-kv-sharing-view", "vllm-dcp-ragged-layout")  # both fixed in 0.22.0
+
+
+def _vllm(sink, lse, pages, sharing, reload):
+    return dict({SINK: sink, PAGES: pages, RELOAD: reload}, **{i: lse for i in LSE}, **{i: sharing for i in SHARING})
+
+
 EXPECTED = {
     ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected", "patch"),
     ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected", "patch"),
@@ -49,10 +58,15 @@ EXPECTED = {
                                   "fixed-upstream", "patch"),
     ("sglang", "0.5.20"): _sglang(*["fixed-upstream"] * 5, "patch"),
     ("sglang", "0.5.21"): _sglang(*["fixed-upstream"] * 6),
-    ("vllm", "0.24.0"): {SINK: "not-affected"},  # supports_sink ends in supports_trtllm_attention()
-    ("vllm", "0.27.1"): {SINK: "not-affected"},
-    ("vllm", "0.30.0"): {SINK: "fixed-upstream"},
-    ("vllm", "0.28.0"): {SINK: "fixed-upstream"},
+    ("vllm", "0.20.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill in mla_attention.py
+    ("vllm", "0.21.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill backends from here
+    ("vllm", "0.22.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
+    # supports_sink ends in supports_trtllm_attention()
+    ("vllm", "0.24.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
+    ("vllm", "0.27.1"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.28.0"): _vllm("fixed-upstream", "patch", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.29.0"): _vllm("fixed-upstream", "fixed-upstream", "patch", "fixed-upstream", "fixed-upstream"),
+    ("vllm", "0.30.0"): _vllm("fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream"),
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }

@@ -42,6 +42,9 @@ from flashfix.core import registry as _registry
 from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.PATCHES[0]
+# The sink patch's checks see that patch alone: the engine's other vLLM patches (the catalogue's, tested
+# in tests/test_vllm_catalogue.py) would change the same module's functions and globals.
+ALONE = {"FLASHFIX_DISABLE": ",".join(p.id for p in vllm_patch.PATCHES[1:])}
 TARGET = vllm_patch.TARGET
 FORWARD = "FlashInferImpl.forward"
 
@@ -133,7 +136,7 @@ report({
     ("vllm==0.33.0", "fixed-upstream"),
 ])
 def test_release_doctor_and_runtime(requirement, verdict):
-    (result,) = engine_env.run(requirement, RELEASE_SCRIPT)
+    (result,) = engine_env.run(requirement, RELEASE_SCRIPT, env=ALONE)
     assert result["version"] == requirement.split("==")[1]
     assert result["verdict"][0] == verdict, result
     assert result["imported_before"] == [], "the doctor judgement imported %s" % result["imported_before"]
@@ -442,7 +445,7 @@ report(res)
 
 @pytest.mark.parametrize("release", list(SINK_GPUS))
 def test_prefix_shape_patched_matches_release(release):
-    (res,) = engine_env.run("vllm==" + release, PREFIX_SCRIPT)
+    (res,) = engine_env.run("vllm==" + release, PREFIX_SCRIPT, env=ALONE)
     assert res["version"] == release
     assert Path(res["flashfix"]).resolve().parents[1] == TESTS.parent, res["flashfix"]
     # doctor (vLLM not imported): the release fixed upstream, the derived pre-fix module patchable
@@ -537,7 +540,7 @@ report({
 
 
 def test_atomic_when_forward_cannot_be_rewritten():
-    (res,) = engine_env.run("vllm==0.28.0", ATOMIC_SCRIPT)
+    (res,) = engine_env.run("vllm==0.28.0", ATOMIC_SCRIPT, env=ALONE)
     assert res["doctor"][0] == "patch"  # the file on disk is the pre-fix shape ...
     assert res["state"] == "unknown-shape", res  # ... but the loaded forward is not that file
     assert "differs from the loaded code" in res["reason"]
