@@ -243,7 +243,7 @@ def test_path_follows_a_setuptools_editable_finder(tmp_path):
     assert by_path.returncode == 0 and inside.returncode == 0, (by_path.stderr, inside.stderr)
     by_path, inside = json.loads(by_path.stdout), json.loads(inside.stdout)
     sglang = [r for r in by_path if r["engine"] == "sglang"]
-    assert [r["verdict"] for r in sglang] == ["patch"] * 3 + ["known-unfixed"], sglang
+    assert [r["verdict"] for r in sglang] == ["patch"] * 3 + ["fixed-upstream"] * 3 + ["patch"] + ["known-unfixed"] * 2, sglang
     assert vet_helpers.verdicts(by_path) == vet_helpers.verdicts(inside)
     assert vet_helpers.digests(by_path) == vet_helpers.digests(inside)
     module_files = [s["file"] for r in sglang for s in r["sources"] if "module" in s]
@@ -269,7 +269,7 @@ def test_path_never_calls_code_it_cannot_read_not_affected(tmp_path):
         assert proc.returncode == 0, proc.stderr
         sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
         # the known, uncarried fix is named by version where its code cannot be read
-        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 3 + ["known-unfixed"], (where, sglang)
+        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 7 + ["known-unfixed"] * 2, (where, sglang)
         assert _run("doctor", "--strict", "--path", where).returncode == 1
 
 

@@ -290,10 +290,10 @@ def test_the_diff_is_upstreams_lines_in_the_engines_spelling():
     assert plain[plain.index(added[0]) - 1] == "        # TODO: requires further polishing"
 
 
-LAYOUTS = {
-    "old": "class Impl:\n    def _new_fi(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
+LAYOUTS = {  # each module binds to_ln, which the new code reads
+    "old": "def to_ln(x):\n    return x\n\n\nclass Impl:\n    def _new_fi(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
            "    def _ctx_fi(self, q):\n        out, lse = run(q)\n        return out, lse.transpose(0, 1)\n",
-    "new": "class Backend:\n    def new_tokens(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
+    "new": "def to_ln(x):\n    return x\n\n\nclass Backend:\n    def new_tokens(self, q):\n        ret = run(q)\n        return ret[0], ret[1].transpose(0, 1)\n\n"
            "    def context_chunk(self, q):\n        out, lse = run(q)\n        return out, lse.transpose(0, 1)\n",
 }
 

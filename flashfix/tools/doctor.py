@@ -79,7 +79,7 @@ def known(reader=None):
     with _locate.reading(reader or _locate.reader()):
         for item in [k for m in flashfix.PATCH_MODULES.values() for k in getattr(importlib.import_module(m), "KNOWN", ())]:
             with _locate.recording() as sources:
-                row = _diagnose_one(item, _registry.config())
+                row = _diagnose_one(item, _registry.config(), None)
             if row.pop("in_range") and row["verdict"] in ("patch", "unknown-shape"):
                 rows.append(dict(row, verdict="known-unfixed", sources=sources, reason="%s; not carried: %s; %s (%s)" % (
                     item.summary, item.doc, item.upstream, row["reason"])))
