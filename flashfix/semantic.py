@@ -490,6 +490,14 @@ class Rule:
         ast.fix_missing_locations(func_def)
 
 
+def _provides(modname, name):
+    """Does ``modname`` bind ``name``? flashfix's own modules are asked as imported (the doctor judges
+    with its own flashfix, whatever environment it reads), an engine's from its source."""
+    if modname.partition(".")[0] == "flashfix":
+        return hasattr(importlib.import_module(modname), name)
+    return _source.binds(modname, name)
+
+
 def _free_names(news, func):
     """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
     lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
@@ -592,7 +600,7 @@ class Declaration:
             out.append((rule, modname, qualname, func))
         modname = located[0][1]  # the names the new code reads, as prepare() asks the imported module
         lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
-                   and not (n in self.needs and _source.binds(self.needs[n], n))]
+                   and not (n in self.needs and _provides(self.needs[n], n))]
         if lacking:
             return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
         if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
