@@ -450,7 +450,8 @@ def global_helper_variant():
                                     moe_a2a_backend="none", flashinfer_autotune_skip_ops=None))
     out = {"had_global": "is_sm120_supported" in variant.__dict__}
     declaration = copy.copy(sglang_patch.SM120_FP8_AUTOTUNE.rule)  # the same declaration, anchored to the variant
-    declaration.sites = ((spec.name, "should_run_flashinfer_autotune"),)
+    declaration.layouts = [((spec.name, "should_run_flashinfer_autotune"),)]
+    declaration.sites = (declaration.layouts[0][0],)
     changes = declaration.prepare({spec.name: variant})
     out["changes"] = [type(c).__name__ for c in changes]
     try:
@@ -487,7 +488,8 @@ def derived(patch, reverts, exercise, where="flashinfer_backend"):
     for function, before, after in reverts:
         upstream = semantic.Backport(
             id="test-upstream", engine="sglang", versions=">=0", upstream="", fixed_in="", summary="",
-            doc="Delete when: never", module=released.__name__, function=function, before=before, after=after)
+            doc="Delete when: never", module=released.__name__, function=function, before=before, after=after,
+            context=lambda tree, func: {})  # only turned back: its `after` may bind what `before` drops ($$$B)
         text = semantic.derive_prefix(upstream, text)
     name = "ffx_derived_" + patch.id.replace("-", "_")
     path = os.path.join(tempfile.mkdtemp(prefix="ffx-derived-"), name + ".py")
@@ -502,7 +504,8 @@ def derived(patch, reverts, exercise, where="flashinfer_backend"):
     declaration.hunks = [copy.copy(rule) for rule in declaration.hunks]
     for rule in declaration.hunks:
         rule.module = name
-    declaration.sites = ((name, declaration.hunks[0].function),)
+    declaration.layouts = [tuple((name, rule.function) for rule in declaration.hunks)]
+    declaration.sites = (declaration.layouts[0][0],)
     changes = declaration.prepare({name: copy_module})
     globals()[where] = copy_module
     try:

@@ -207,7 +207,9 @@ def test_an_absent_function_is_unknown_shape_unless_a_word_says_otherwise():
     # flashfix's own declaration lists every site: 0.5.14's decision is found, and patched
     tree = _source.parse_text(installed("0.5.14", sglang_patch.AUTOTUNE_SITES[1][0]), "runner")
     trees = {m: tree if m == sglang_patch.AUTOTUNE_SITES[1][0] else None for m, _ in sglang_patch.AUTOTUNE_SITES}
-    assert sglang_patch.SM120_FP8_AUTOTUNE.probe(trees).kind == _registry.BUGGY
+    site = engine_env.env_python("sglang==0.5.14").parent.parent.glob("lib/python*/site-packages")
+    with _locate.reading(_locate.PathReader([next(site)])):  # the needed global is read from that release
+        assert sglang_patch.SM120_FP8_AUTOTUNE.probe(trees).kind == _registry.BUGGY
     assert "the function\nabsent, `unknown-shape`" in (REPO / "README.md").read_text()
     guide = (REPO / "docs" / "writing-a-backport.md").read_text()
     assert "the function is absent: `unknown-shape`" in guide and "absent_unless_mentioned" in guide.split(

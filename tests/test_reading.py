@@ -37,7 +37,8 @@ MODEL_CONFIG = "sglang/srt/configs/model_config.py"
 BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
 MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
 FILES = (BACKEND, MODEL_CONFIG, MODEL_RUNNER, "sglang/srt/model_executor/runner/base_runner.py",
-         "sglang/srt/model_executor/runner/flashinfer_autotune.py")
+         "sglang/srt/model_executor/runner/flashinfer_autotune.py",
+         "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py")  # where the autotune fix's is_sm120_supported is
 VISION, AUTOTUNE, FP8 = "sglang-vision-config", "sglang-sm120-fp8-autotune", "sglang-fp8-kv-scales"
 
 
