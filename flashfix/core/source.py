@@ -575,11 +575,7 @@ def code_difference(a, b, where=""):
             return "%s differs in %s" % (where, field)
     if len(a.co_consts) != len(b.co_consts):
         return "%s differs in its constants" % where
-    for x, y in zip(a.co_consts, b.co_consts):
-        problem = _const_difference(x, y, where)
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (_const_difference(x, y, where) for x, y in zip(a.co_consts, b.co_consts))), None)
 
 
 def _const_difference(x, y, where):
@@ -591,11 +587,7 @@ def _const_difference(x, y, where):
         xs, ys = (list(x), list(y)) if isinstance(x, tuple) else (sorted(x, key=repr), sorted(y, key=repr))
         if len(xs) != len(ys):
             return "%s differs in a constant" % where
-        for a, b in zip(xs, ys):
-            problem = _const_difference(a, b, where)
-            if problem:
-                return problem
-        return None
+        return next(filter(None, (_const_difference(x, y, where) for x, y in zip(xs, ys))), None)
     if isinstance(x, float) and x != x and y != y:  # NaN
         return None
     if x != y or repr(x) != repr(y):  # repr tells -0.0 from 0.0
