@@ -83,9 +83,8 @@ def known(reader=None):
 
 
 def check_holds_an_engine(reader, label):
-    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or
-    patch packs:
-    a wheel of an unrelated package is a mistake, not an environment without engines."""
+    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or patch
+    packs: a wheel of an unrelated package is a mistake, not an environment without engines."""
     patches = _registry.load_all()
     with _locate.reading(reader):
         if any(_locate.version(p.engine) is not None for p in patches):
