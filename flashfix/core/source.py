@@ -344,11 +344,8 @@ def binds(modname, name, depth=0, tree=None):
 
 def method_calls(node, attr):
     """Every call ``<expr>.attr(...)`` inside ``node``."""
-    return [
-        n
-        for n in ast.walk(node)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr
-    ]
+    return [n for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr]
 
 
 def name_calls(node, name):
@@ -451,8 +448,7 @@ def _def_node(func, tree=None):
             if _first_line(statement) <= code.co_firstlineno <= statement.end_lineno:  # a decorated def too
                 for node in ast.walk(statement):
                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-                        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                        if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                        if _first_line(node) == code.co_firstlineno or node.lineno == code.co_firstlineno:
                             return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 

@@ -68,7 +68,7 @@ class Location:
 
     def __init__(self, module, qualname, origin, node):
         self.module, self.qualname, self.origin, self.last = module, qualname, origin, node.end_lineno
-        self.first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        self.first = _source._first_line(node)
 
     def where(self):
         return "%s lines %d-%d" % (self.origin, self.first, self.last)
