@@ -30,8 +30,8 @@ import os
 import sys
 from collections import namedtuple
 
-# how the import system finds a module, shared with the program ``doctor --python`` runs (standard library only)
-from flashfix.tools.remote_probe import _meta_path_spec, _package, _path_spec
+# the import system's finder walk and metadata files: the same code as the program ``doctor --python`` runs
+from flashfix.tools.remote_probe import _meta_path_spec, _metadata_path, _package, _path_spec
 
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
@@ -159,21 +159,11 @@ class ImportSystem:
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
         found = self._distribution(dist)
-        return _metadata_file(found) if found is not None else None
+        path = _metadata_path(found) if found is not None else None
+        return (path, _sha256_file(path)) if path else None
 
     def describe(self):
         return self.label
-
-
-def _metadata_file(distribution):
-    base = getattr(distribution, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
-    if base is None:
-        return None
-    for name in ("METADATA", "PKG-INFO"):
-        path = os.path.join(str(base), name)
-        if os.path.isfile(path):
-            return path, _sha256_file(path)
-    return None
 
 
 def _normal(dist):

@@ -204,34 +204,32 @@ class Planner:
 
 def plan(ids=None, reader=None):
     """One ``PatchDiff`` per patch (those named, else all), planned from the source read."""
-    if reader is not None:
-        with _locate.reading(reader):
-            return plan(ids)
     from flashfix.tools import doctor as _doctor
 
-    rows, _ = _doctor.diagnose()
-    patches = {p.id: p for p in _registry.load_all()}
-    out = []
-    for row in rows:
-        if ids and row["id"] not in ids:
-            continue
-        result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
-        out.append(result)
-        if row["verdict"] != "patch":
-            continue
-        planner = result.patch.plan
-        if planner is None:
-            result.problem = "the patch declares no source-only plan: its code cannot be shown"
-            continue
-        recorder = Planner(row["id"])
-        try:
-            planner(recorder)
-        except ShapeError as exc:
-            result.problem = "would not apply: %s" % exc
-        else:
-            result.changes = recorder.changes
-        finally:
-            _source.forget()
+    with _locate.reading(reader or _locate.reader()):
+        rows, _ = _doctor.diagnose()
+        patches = {p.id: p for p in _registry.load_all()}
+        out = []
+        for row in rows:
+            if ids and row["id"] not in ids:
+                continue
+            result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
+            out.append(result)
+            if row["verdict"] != "patch":
+                continue
+            planner = result.patch.plan
+            if planner is None:
+                result.problem = "the patch declares no source-only plan: its code cannot be shown"
+                continue
+            recorder = Planner(row["id"])
+            try:
+                planner(recorder)
+            except ShapeError as exc:
+                result.problem = "would not apply: %s" % exc
+            else:
+                result.changes = recorder.changes
+            finally:
+                _source.forget()
     return out
 
 

@@ -1,6 +1,6 @@
 """The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
-``EXE .../flashfix/tools/remote_probe.py``). ``flashfix.core.locate`` imports its finder walk
-(``_path_spec``, ``_meta_path_spec``), so both interpreters locate a module with the same code.
+``EXE .../flashfix/tools/remote_probe.py``). ``flashfix.core.locate`` imports its finder walk and
+metadata-file lookup, so both interpreters locate modules and metadata files with the same code.
 
 Standard library only: it imports neither flashfix nor any engine, and works on any Python the
 engines support. It starts as that environment's Python always starts, with ``site``, then
@@ -122,9 +122,14 @@ def version(dist):
         found = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return {"version": None}
-    base = getattr(found, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
+    return {"version": found.version, "file": _metadata_path(found)}
+
+
+def _metadata_path(distribution):
+    """The METADATA (or PKG-INFO) file that ``distribution``'s version is read from, or None."""
+    base = getattr(distribution, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
     files = [os.path.join(str(base), name) for name in ("METADATA", "PKG-INFO")] if base is not None else []
-    return {"version": found.version, "file": next((f for f in files if os.path.isfile(f)), None)}
+    return next((f for f in files if os.path.isfile(f)), None)
 
 
 def entry_points(group):
