@@ -30,6 +30,9 @@ import os
 import sys
 from collections import namedtuple
 
+# the import system's finder walk and metadata files: the same code as the program ``doctor --python`` runs
+from flashfix.tools.remote_probe import _meta_path_spec, _metadata_path, _package, _path_spec
+
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
 
@@ -156,68 +159,11 @@ class ImportSystem:
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
         found = self._distribution(dist)
-        return _metadata_file(found) if found is not None else None
+        path = _metadata_path(found) if found is not None else None
+        return (path, _sha256_file(path)) if path else None
 
     def describe(self):
         return self.label
-
-
-def _metadata_file(distribution):
-    base = getattr(distribution, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
-    if base is None:
-        return None
-    for name in ("METADATA", "PKG-INFO"):
-        path = os.path.join(str(base), name)
-        if os.path.isfile(path):
-            return path, _sha256_file(path)
-    return None
-
-
-def _path_spec(name, path):
-    """What ``PathFinder.find_spec(name, path)`` finds, without its namespace-package object,
-    which looks the parent package up in ``sys.modules`` (it is not imported here)."""
-    from importlib.machinery import PathFinder
-
-    portions = []
-    for entry in path:
-        if not isinstance(entry, str):
-            continue
-        finder = PathFinder._path_importer_cache(entry)  # the finder the import system would use
-        find = getattr(finder, "find_spec", None)
-        spec = find(name) if find is not None else None
-        if spec is None:
-            continue
-        if spec.loader is not None:
-            return spec
-        portions.extend(spec.submodule_search_locations or ())
-    return _package(name, portions) if portions else None
-
-
-def _package(name, locations):
-    """A spec of a package without code (a namespace package) whose submodules are in ``locations``."""
-    from importlib.machinery import ModuleSpec
-
-    spec = ModuleSpec(name, None, is_package=True)
-    spec.submodule_search_locations = list(locations)
-    return spec
-
-
-def _meta_path_spec(name, path):
-    from importlib.machinery import PathFinder
-
-    for finder in list(sys.meta_path):
-        if getattr(finder, "flashfix_finder", False):
-            continue  # ours only delegates to the finders behind it
-        if finder is PathFinder:
-            spec = _path_spec(name, sys.path if path is None else path)
-        else:
-            try:
-                spec = finder.find_spec(name, path)
-            except Exception:  # none, or a third-party one that trips: the import system would raise, we say absent
-                spec = None
-        if spec is not None:
-            return spec
-    return None
 
 
 def _normal(dist):
@@ -262,12 +208,10 @@ class ZipReader:
     def _member(self, name):
         for root in self.roots:
             base = root + name.replace(".", "/")
-            for candidate in (base + ".py", base + "/__init__.py"):
-                if candidate in self.names:
-                    return candidate, True
-            for candidate in (base + ".pyc", base + "/__init__.pyc"):
-                if candidate in self.names:
-                    return candidate, False
+            for suffix, has_source in ((".py", True), ("/__init__.py", True),
+                                       (".pyc", False), ("/__init__.pyc", False)):
+                if base + suffix in self.names:
+                    return base + suffix, has_source
             if base in self._dirs:
                 return base + "/", False  # a directory without __init__: a namespace package
         return None, False
@@ -588,10 +532,9 @@ def _path_entries(folder):
                     if mapping is None:
                         opaque.append("%s: %s" % (name, line.strip()))
                         break
-                    for top, where in mapping[0].items():
-                        editable.setdefault(top, where)
-                    for top, where in mapping[1].items():
-                        namespaces.setdefault(top, where)
+                    for found, into in zip(mapping, (editable, namespaces)):
+                        for top, where in found.items():  # the first .pth that maps a name wins
+                            into.setdefault(top, where)
                 continue
             entry = os.path.normpath(os.path.join(folder, line.rstrip()))
             if os.path.isdir(entry) and entry not in entries:

@@ -573,8 +573,7 @@ def _strict(patch, reason, affected):
 
 
 def _set(patch, state, reason):
-    _records[patch.id]["state"] = state
-    _records[patch.id]["reason"] = reason
+    _records[patch.id].update(state=state, reason=reason)
 
 
 def mark_ran(site):

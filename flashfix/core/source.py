@@ -344,11 +344,8 @@ def binds(modname, name, depth=0, tree=None):
 
 def method_calls(node, attr):
     """Every call ``<expr>.attr(...)`` inside ``node``."""
-    return [
-        n
-        for n in ast.walk(node)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr
-    ]
+    return [n for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr]
 
 
 def name_calls(node, name):
@@ -451,8 +448,7 @@ def _def_node(func, tree=None):
             if _first_line(statement) <= code.co_firstlineno <= statement.end_lineno:  # a decorated def too
                 for node in ast.walk(statement):
                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-                        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                        if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                        if _first_line(node) == code.co_firstlineno or node.lineno == code.co_firstlineno:
                             return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
@@ -575,11 +571,7 @@ def code_difference(a, b, where=""):
             return "%s differs in %s" % (where, field)
     if len(a.co_consts) != len(b.co_consts):
         return "%s differs in its constants" % where
-    for x, y in zip(a.co_consts, b.co_consts):
-        problem = _const_difference(x, y, where)
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (_const_difference(x, y, where) for x, y in zip(a.co_consts, b.co_consts))), None)
 
 
 def _const_difference(x, y, where):
@@ -591,11 +583,7 @@ def _const_difference(x, y, where):
         xs, ys = (list(x), list(y)) if isinstance(x, tuple) else (sorted(x, key=repr), sorted(y, key=repr))
         if len(xs) != len(ys):
             return "%s differs in a constant" % where
-        for a, b in zip(xs, ys):
-            problem = _const_difference(a, b, where)
-            if problem:
-                return problem
-        return None
+        return next(filter(None, (_const_difference(x, y, where) for x, y in zip(xs, ys))), None)
     if isinstance(x, float) and x != x and y != y:  # NaN
         return None
     if x != y or repr(x) != repr(y):  # repr tells -0.0 from 0.0

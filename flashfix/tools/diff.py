@@ -64,9 +64,11 @@ class AddName:
 
 
 class Location:
-    def __init__(self, module, qualname, origin, first, last, text):
-        self.module, self.qualname, self.origin, self.first, self.last, self.text = (
-            module, qualname, origin, first, last, text)
+    """Where the def or class ``node`` of ``module`` stands: its first line (decorators included) to its last."""
+
+    def __init__(self, module, qualname, origin, node):
+        self.module, self.qualname, self.origin, self.last = module, qualname, origin, node.end_lineno
+        self.first = _source._first_line(node)
 
     def where(self):
         return "%s lines %d-%d" % (self.origin, self.first, self.last)
@@ -90,19 +92,13 @@ def _module(name):
     return found, _source.parse_text(found.text, found.origin)
 
 
-def _lines_of(text, first, last):
-    return "".join(_lines(text)[first - 1:last])
-
-
 def locate(module, qualname):
     """Where ``module``'s ``qualname`` (a function or class) is defined, from source."""
     found, tree = _module(module)
     node = _source.find_def(tree, qualname)
     if node is None:
         raise ShapeError("%s has no %s" % (module, qualname))
-    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    return Location(module, qualname, found.origin, first, node.end_lineno,
-                    _lines_of(found.text, first, node.end_lineno))
+    return Location(module, qualname, found.origin, node)
 
 
 def _top_names(tree):
@@ -151,8 +147,7 @@ def definition(module, name, depth=0):
     except ShapeError:  # no source, or bound in a way the source cannot tell
         return None
     if node is not None:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
-        return Location(module, name, found.origin, first, node.end_lineno, "")
+        return Location(module, name, found.origin, node)
     if depth >= 5:
         return None
     for stmt in ast.walk(tree):
@@ -209,34 +204,32 @@ class Planner:
 
 def plan(ids=None, reader=None):
     """One ``PatchDiff`` per patch (those named, else all), planned from the source read."""
-    if reader is not None:
-        with _locate.reading(reader):
-            return plan(ids)
     from flashfix.tools import doctor as _doctor
 
-    rows, _ = _doctor.diagnose()
-    patches = {p.id: p for p in _registry.load_all()}
-    out = []
-    for row in rows:
-        if ids and row["id"] not in ids:
-            continue
-        result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
-        out.append(result)
-        if row["verdict"] != "patch":
-            continue
-        planner = result.patch.plan
-        if planner is None:
-            result.problem = "the patch declares no source-only plan: its code cannot be shown"
-            continue
-        recorder = Planner(row["id"])
-        try:
-            planner(recorder)
-        except ShapeError as exc:
-            result.problem = "would not apply: %s" % exc
-        else:
-            result.changes = recorder.changes
-        finally:
-            _source.forget()
+    with _locate.reading(reader or _locate.reader()):
+        rows, _ = _doctor.diagnose()
+        patches = {p.id: p for p in _registry.load_all()}
+        out = []
+        for row in rows:
+            if ids and row["id"] not in ids:
+                continue
+            result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
+            out.append(result)
+            if row["verdict"] != "patch":
+                continue
+            planner = result.patch.plan
+            if planner is None:
+                result.problem = "the patch declares no source-only plan: its code cannot be shown"
+                continue
+            recorder = Planner(row["id"])
+            try:
+                planner(recorder)
+            except ShapeError as exc:
+                result.problem = "would not apply: %s" % exc
+            else:
+                result.changes = recorder.changes
+            finally:
+                _source.forget()
     return out
 
 
@@ -257,12 +250,9 @@ def _file_diff(text, rendered, version):
 def _marker_lines(rendered):
     """``[(marker line text, installed line it reports as)]``."""
     plain = set(_lines(rendered.text(rendered.PLAIN)))
-    out = []
-    for line, at in zip(_lines(rendered.text(rendered.MARKED)), rendered.line_map(rendered.MARKED)):
-        if _source.MARK_NAME in line and line not in plain:
-            text = line.strip()
-            out.append((text, at))
-    return out
+    return [(line.strip(), at) for line, at in zip(_lines(rendered.text(rendered.MARKED)),
+                                                   rendered.line_map(rendered.MARKED))
+            if _source.MARK_NAME in line and line not in plain]
 
 
 def _replacement_source(func):
@@ -353,10 +343,7 @@ def run(ids=None, reader=None, marker=False, out=None):
     """``flashfix diff``: 0 when every patch named could be shown, 1 when one that would
     apply cannot be planned from source, 2 for an unknown id."""
     out = out or sys.stdout
-    if reader is not None:
-        with _locate.reading(reader):
-            known = [p.id for p in _registry.load_all()]
-    else:
+    with _locate.reading(reader or _locate.reader()):
         known = [p.id for p in _registry.load_all()]
     unknown = [i for i in ids or () if i not in known]
     if unknown:

@@ -29,17 +29,13 @@ from flashfix.core import source as _source
 def diagnose(reader=None):
     """One dict per patch: id, engine, engine_version, verdict, reason, in_range, upstream,
     fixed_in, sources. ``reader``: the environment to read (default: this interpreter's)."""
-    if reader is not None:
-        with _locate.reading(reader):
-            return diagnose()
-    patches = _registry.load_all()
-    cfg = _registry.config()
     rows, claims = [], {}  # the functions the patches judged so far would rewrite, as at run time
-    for patch in patches:
-        with _locate.recording() as sources:
-            row = _diagnose_one(patch, cfg, claims)
-        row["sources"] = sources
-        rows.append(row)
+    with _locate.reading(reader or _locate.reader()):
+        patches, cfg = _registry.load_all(), _registry.config()
+        for patch in patches:
+            with _locate.recording() as sources:
+                row = _diagnose_one(patch, cfg, claims)
+            rows.append(dict(row, sources=sources))
     return rows, cfg
 
 
@@ -87,9 +83,8 @@ def known(reader=None):
 
 
 def check_holds_an_engine(reader, label):
-    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or
-    patch packs:
-    a wheel of an unrelated package is a mistake, not an environment without engines."""
+    """SourceError unless ``reader`` (one ``--path`` value) holds an engine flashfix patches, or patch
+    packs: a wheel of an unrelated package is a mistake, not an environment without engines."""
     patches = _registry.load_all()
     with _locate.reading(reader):
         if any(_locate.version(p.engine) is not None for p in patches):
@@ -108,10 +103,8 @@ def check_holds_an_engine(reader, label):
 
 def pack_problems(reader=None):
     """One line per patch pack of the environment read that could not be loaded (skipped)."""
-    if reader is not None:
-        with _locate.reading(reader):
-            return _registry.reader_problems()
-    return _registry.reader_problems()
+    with _locate.reading(reader or _locate.reader()):
+        return _registry.reader_problems()
 
 
 def run(as_json=False, strict=False, out=None, reader=None):

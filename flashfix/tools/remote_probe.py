@@ -1,5 +1,6 @@
 """The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
-``EXE .../flashfix/tools/remote_probe.py``, never imported as part of flashfix).
+``EXE .../flashfix/tools/remote_probe.py``). ``flashfix.core.locate`` imports its finder walk and
+metadata-file lookup, so both interpreters locate modules and metadata files with the same code.
 
 Standard library only: it imports neither flashfix nor any engine, and works on any Python the
 engines support. It starts as that environment's Python always starts, with ``site``, then
@@ -21,12 +22,15 @@ PREFIX = "\x1eflashfix-remote "
 
 
 def _path_spec(name, path):
-    from importlib.machinery import ModuleSpec, PathFinder
+    """What ``PathFinder.find_spec(name, path)`` finds, without its namespace-package object,
+    which looks the parent package up in ``sys.modules`` (it is not imported here)."""
+    from importlib.machinery import PathFinder
+
     portions = []
     for entry in path:
         if not isinstance(entry, str):
             continue
-        finder = PathFinder._path_importer_cache(entry if entry else os.getcwd())  # as flashfix.core.locate
+        finder = PathFinder._path_importer_cache(entry)  # the finder the import system would use
         find = getattr(finder, "find_spec", None)
         spec = find(name) if find is not None else None
         if spec is None:
@@ -34,24 +38,30 @@ def _path_spec(name, path):
         if spec.loader is not None:
             return spec
         portions.extend(spec.submodule_search_locations or ())
-    if portions:
-        spec = ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = portions
-        return spec
-    return None
+    return _package(name, portions) if portions else None
+
+
+def _package(name, locations):
+    """A spec of a package without code (a namespace package) whose submodules are in ``locations``."""
+    from importlib.machinery import ModuleSpec
+
+    spec = ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = list(locations)
+    return spec
 
 
 def _meta_path_spec(name, path):
     from importlib.machinery import PathFinder
+
     for finder in list(sys.meta_path):
         if getattr(finder, "flashfix_finder", False):
-            continue
+            continue  # ours only delegates to the finders behind it
         if finder is PathFinder:
             spec = _path_spec(name, sys.path if path is None else path)
         else:
             try:
                 spec = finder.find_spec(name, path)
-            except Exception:  # none, or one that trips: absent, as flashfix.core.locate says
+            except Exception:  # none, or a third-party one that trips: the import system would raise, we say absent
                 spec = None
         if spec is not None:
             return spec
@@ -112,9 +122,14 @@ def version(dist):
         found = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return {"version": None}
-    base = getattr(found, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
+    return {"version": found.version, "file": _metadata_path(found)}
+
+
+def _metadata_path(distribution):
+    """The METADATA (or PKG-INFO) file that ``distribution``'s version is read from, or None."""
+    base = getattr(distribution, "_path", None)  # PathDistribution: its .dist-info / .egg-info folder
     files = [os.path.join(str(base), name) for name in ("METADATA", "PKG-INFO")] if base is not None else []
-    return {"version": found.version, "file": next((f for f in files if os.path.isfile(f)), None)}
+    return next((f for f in files if os.path.isfile(f)), None)
 
 
 def entry_points(group):
