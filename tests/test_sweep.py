@@ -261,7 +261,7 @@ def test_vision_attribute_absent_before_0_5_5_post1(version, kind):
 
 def test_vision_attribute_mentioned_but_not_computed_stays_unknown():
     assert probes()["control_vision"] == {  # the nearest candidate: the assignment, without the test
-        "kind": "unknown", "reason": "no `hasattr($X, 'vision_config')` in ModelConfig.__init__ inside "
+        "kind": "unknown", "reason": 'no `hasattr($X, "vision_config")` in ModelConfig.__init__ inside '
                                      "`self.is_image_understandable_model = $_`"}
     assert probes()["control_vision_base"]["kind"] == "unknown"
     assert "base class" in probes()["control_vision_base"]["reason"]

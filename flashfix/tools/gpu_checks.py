@@ -239,12 +239,14 @@ def engine_module(patch_id, path=None):
     others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
     del _registry._config_cache[:]
-    reader = _locate.open_path(os.path.abspath(path)) if path else _locate.reader()  # the module's __file__ is absolute
+    tree = _locate.open_path(os.path.abspath(path)) if path else None  # the module's __file__ is absolute
+    # the tree first, then this interpreter (its real FlashInfer, which the new code may take names from)
+    reader = _locate.Composite([tree, _locate.reader()]) if path else _locate.reader()
     with _locate.reading(reader):
         (target,) = _registry.targets_of(patch)
         if path:  # after flashfix's finder, before the installed engine's
             at = next((i + 1 for i, f in enumerate(sys.meta_path) if getattr(f, "flashfix_finder", False)), 0)
-            sys.meta_path.insert(at, EngineModuleFinder(reader, target))
+            sys.meta_path.insert(at, EngineModuleFinder(tree, target))
         module = importlib.import_module(target)
     return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
 
