@@ -242,3 +242,40 @@ TRTLLM_FP8_SWIGLU_GATE = Backport(
     Delete when: flashfix no longer supports vLLM 0.28.""")
 
 PATCHES += (TRTLLM_FP8_SWIGLU_GATE,)
+
+
+def _xqa_decode(tree, func):
+    """Releases before 0.25 have no XQA decode kernel to fall back from."""
+    if find(pattern("FlashInferDecodeKernel.XQA"), [tree]):
+        return {}
+    return Shape(ABSENT, "this release has no FlashInfer XQA decode (no FlashInferDecodeKernel.XQA)")
+
+
+XQA_HEAD_DIM = Backport(
+    id="vllm-xqa-head-dim", engine="vllm", versions=">=0.25", fixed_in="0.29.0",
+    upstream="https://github.com/vllm-project/vllm/pull/53111",
+    module=TARGET, function=BUILDER + ".__init__", context=_xqa_decode,
+    before="$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL",
+    after="""
+$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL
+if $SELF.flashinfer_trtllm_api_decode_kernel == FlashInferDecodeKernel.XQA and not (
+        16 <= $SELF.head_dim <= 256 and $SELF.head_dim % 16 == 0):
+    logger.warning_once("flashfix: XQA decode cannot serve head_dim=%d; native FlashInfer decode is used for this "
+                        "KV-cache group", $SELF.head_dim)
+    $SELF.use_trtllm_decode_attention = False
+    $SELF.flashinfer_trtllm_api_decode_kernel = None""",
+    fixed_if=("16 <= $_.head_dim <= 256", "_is_xqa_head_dim_supported($_)"),
+    fixed="{name} keeps XQA decode to head dims 16-256 (vLLM PR #53111 is in)",
+    buggy="{name} (line {line}) chooses XQA decode whatever the head_dim",
+    summary="FlashInfer decode falls back from XQA to the native kernel for KV-cache groups whose head_dim XQA "
+            "cannot serve (16 to 256, a multiple of 16)",
+    doc="""Why: the builder picks the XQA decode kernel (SM90; SM12x from 0.28) for every KV-cache group,
+    but FlashInfer's XQA takes head_dim 16 to 256 in steps of 16: a model with wider heads (Gemma 4's
+    global-attention layers, head_dim 512) fails at engine start ("Invalid head_dim: 512").
+    How: right after the kernel is chosen, a group whose head_dim XQA cannot serve is given native
+    FlashInfer decode (one warning), as upstream; other groups keep XQA. Affected: 0.25.0 (the first
+    release with XQA decode) to 0.28.0; 0.30.0 moved the test to _is_xqa_head_dim_supported.
+
+    Delete when: flashfix no longer supports vLLM older than 0.29.0.""")
+
+PATCHES += (XQA_HEAD_DIM,)

@@ -45,11 +45,13 @@ EXPECTED = {
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
-CLAMP, GATE = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate"
-for _key, _verdicts in EXPECTED.items():  # the MoE fixes: SGLang 0.5.19 (0.5.18 outside the range), vLLM 0.28.0
-    _verdicts.update({("sglang", "0.5.18"): {CLAMP: "unknown-shape"}, ("vllm", "0.28.0"): {GATE: "patch"},
-                      ("vllm", "0.30.0"): {GATE: "fixed-upstream"}}.get(_key) or (
-        {CLAMP: "not-affected"} if _key[0] == "sglang" else {GATE: "not-affected"} if _key[0] == "vllm" else {}))
+CLAMP, GATE, XQA = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate", "vllm-xqa-head-dim"
+MORE = {  # the MoE and crash fixes (SGLang: 0.5.19 only, 0.5.18 outside the range; vLLM: 0.28.0, XQA 0.25 to 0.28)
+    ("sglang", "0.5.18"): {CLAMP: "unknown-shape"}, ("vllm", "0.24.0"): {GATE: "not-affected", XQA: "not-affected"},
+    ("vllm", "0.27.1"): {GATE: "not-affected", XQA: "patch"}, ("vllm", "0.28.0"): {GATE: "patch", XQA: "patch"},
+    ("vllm", "0.30.0"): {GATE: "fixed-upstream", XQA: "fixed-upstream"}}
+for _key, _verdicts in EXPECTED.items():
+    _verdicts.update(MORE.get(_key) or ({CLAMP: "not-affected"} if _key[0] == "sglang" else {}))
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 

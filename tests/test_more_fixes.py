@@ -1,5 +1,5 @@
-"""The MoE fixes against the engines' own code: vLLM #54160 (vllm-trtllm-fp8-moe-swiglu-gate) and
-SGLang #39920 (sglang-trtllm-fp8-moe-swiglu-limit; its engine checks live in the SGLang processes of
+"""The MoE and crash fixes against the engines' own code: vLLM #54160 (vllm-trtllm-fp8-moe-swiglu-gate),
+vLLM #53111 (vllm-xqa-head-dim) and SGLang #39920 (sglang-trtllm-fp8-moe-swiglu-limit; its engine checks live in the SGLang processes of
 tests/test_sglang_real.py, tests/sglang_real_check.py ``clamp_exercise``).
 
 * vLLM 0.28.0 (affected) and 0.29.0 (fixed), one process each: ``TrtLlmFp8ExpertsBase.is_supported_config``
@@ -9,7 +9,8 @@ tests/test_sglang_real.py, tests/sglang_real_check.py ``clamp_exercise``).
   In 0.29.0's process the function is also run with its body swapped to the pre-fix shape derived
   from 0.29.0 (the bug), and to that shape with the declaration's edit (0.29.0's answers again).
 * Without an engine process: the pre-fix shapes derived from the first fixed releases are judged
-  ``patch``, and the edit turns them back into the fixed release's function.
+  ``patch``, and the edit turns them back into the fixed release's function (for the XQA fallback,
+  whose warning text is flashfix's own: the same test and assignments, in the same place).
 """
 
 import ast
@@ -79,6 +80,34 @@ def test_derived_prefix_shapes_are_patched_back_to_the_fixed_release():
     assert "swiglu_limit" not in ast.unparse(_def(derived, CLAMP.rule.hunks[0].function))
 
 
+def _drop_head_dim_fallback(text):
+    """0.29.0's builder __init__ without the XQA head-dim fallback #53111 added (the pre-fix shape)."""
+    init = _def(text, vllm_patch.XQA_HEAD_DIM.rule.hunks[0].function)
+    (node,) = [n for n in init.body if isinstance(n, ast.If) and "16 <= self.head_dim <= 256" in ast.unparse(n.test)]
+    lines = text.splitlines(True)
+    return "".join(lines[:node.lineno - 1] + lines[node.end_lineno:])
+
+
+def test_xqa_head_dim_fallback_on_the_derived_and_released_shapes():
+    qualname = vllm_patch.XQA_HEAD_DIM.rule.hunks[0].function
+    fixed = installed("vllm==0.29.0", "vllm/v1/attention/backends/flashinfer.py")
+    derived = _drop_head_dim_fallback(fixed)
+    for text in (derived, installed("vllm==0.28.0", "vllm/v1/attention/backends/flashinfer.py")):
+        verdict = _registry.judge(vllm_patch.XQA_HEAD_DIM, {vllm_patch.TARGET: ast.parse(text)}, "0.28.0")
+        assert verdict[0] == "patch", verdict
+        func = _def(text, qualname)
+        vllm_patch.XQA_HEAD_DIM.rule.hunks[0].edit(func, ast.Pass())
+        ours = ast.parse(ast.unparse(func)).body[0]  # re-parsed: the edit's nodes as the source would give them
+        (mine,) = [n for n in ours.body if isinstance(n, ast.If) and "16 <= self.head_dim" in ast.unparse(n.test)]
+        (theirs,) = [n for n in _def(fixed, qualname).body if isinstance(n, ast.If)
+                     and "16 <= self.head_dim" in ast.unparse(n.test)]
+        assert ast.dump(mine.test) == ast.dump(theirs.test)
+        assert [ast.dump(s) for s in mine.body[1:]] == [ast.dump(s) for s in theirs.body[1:]]  # after the warning
+        before = [ast.unparse(s)[:60] for s in ours.body[ours.body.index(mine) - 1:ours.body.index(mine)]]
+        assert before[0].startswith("self.flashinfer_trtllm_api_decode_kernel"), before
+    assert _registry.judge(vllm_patch.XQA_HEAD_DIM, {vllm_patch.TARGET: ast.parse(fixed)}, "0.29.0")[0] == "fixed-upstream"
+
+
 VLLM_SCRIPT = r"""
 import ast, copy, importlib, json, sys
 from types import SimpleNamespace
@@ -114,8 +143,11 @@ def cases():
                 out["%%s/%%s/%%d" %% (scheme, name, experts)] = base.is_supported_config(m.TrtLlmFp8ExpertsMonolithic, cfg, w, a, None)[0]
     return out
 
+importlib.import_module(vllm_patch.TARGET)  # the XQA fallback's target: decided at its import
+row = next(r for r in flashfix.status() if r["id"] == vllm_patch.XQA_HEAD_DIM.id)
+xqa = {"state": row["state"], "reason": row["reason"]}
 row = next(r for r in flashfix.status() if r["id"] == vllm_patch.TRTLLM_FP8_SWIGLU_GATE.id)
-out = {"state": row["state"], "reason": row["reason"], "cases": cases()}
+out = {"state": row["state"], "reason": row["reason"], "cases": cases(), "xqa": xqa}
 out["ran"] = next(r for r in flashfix.status() if r["id"] == row["id"])["ran"]
 flashfix.revert(row["id"])
 out["reverted"] = cases()
@@ -162,3 +194,5 @@ def test_vllm_trtllm_fp8_gate_matches_the_fixed_release():
     assert fixed["derived"] == old["reverted"]
     assert fixed["derived_patched"] == expected
     assert fixed["reverted"] == expected  # nothing of the patch was applied on the fixed release
+    # the XQA fallback: applied to 0.28.0's builder (its rewritten __init__ compiled), fixed upstream in 0.29.0
+    assert old["xqa"]["state"] == "applied" and fixed["xqa"]["state"] == "fixed-upstream", (old["xqa"], fixed["xqa"])
