@@ -699,8 +699,8 @@ def _body(tree, node, edit, runs=True):
                          % (getattr(node, "name", None) or tree.flashfix_origin))
     _, i, j, k, m = changed[0]
     start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
-    text = "".join(lines[old[0].lineno - 1][:old[0].col_offset] + line + "\n" for s in edited.body[k:m]
-                   for line in ast.unparse(s).split("\n"))
+    text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in edited.body[k:m]),
+                           lines[old[0].lineno - 1][:old[0].col_offset])  # the pattern's text, bindings the engine's
     parsed = ast.parse(textwrap.dedent(text))
     if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
         raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)

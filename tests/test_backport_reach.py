@@ -94,7 +94,8 @@ def test_a_class_attribute_backport_and_its_dependency_gate_on_real_sglang(packs
     assert res["reverted"] is None and not res["has_map_reverted"], res  # revert() removes the class attribute
     assert "KimiLinearConfig: the new statements below run in its namespace" in res["diff"], res["diff"]
     added = [line for line in res["diff"].splitlines() if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
-    assert added == ["+    attribute_map = {'num_experts_per_tok': 'num_experts_per_token'}"], res["diff"]
+    # upstream's line, in the pack's (and upstream's) spelling: double quotes, as sglang#40700 writes it
+    assert added == ['+    attribute_map = {"num_experts_per_tok": "num_experts_per_token"}'], res["diff"]
     assert "applied %s to sglang 0.5.18" % PACK_ID in proc.stderr and "KimiLinearConfig.attribute_map" in proc.stderr
 
     # the gated pack: xgrammar 0.2.1 is installed, the fix needs >=0.2.7: nothing is touched
