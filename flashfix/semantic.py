@@ -521,12 +521,12 @@ def _mention(tree, word):
 class Declaration:
     """A backport's hunks, applied together: the probe, the runtime changes and the diff plan."""
 
+    sites = property(lambda self: tuple(layout[0] for layout in self.layouts))  # the first hunk's site per layout
+
     def __init__(self, id, hunks, sites, needs, context, check):
         self.id, self.hunks, self.needs, self.context, self.check = id, hunks, dict(needs or {}), context, check
-        # a site: the first hunk's (module, function), or one (module, function) per hunk
         self.layouts = [s if isinstance(s[0], tuple) else (s,) + tuple((h.module, h.function) for h in hunks[1:])
                         for s in sites or ((hunks[0].module, hunks[0].function),)]
-        self.sites = tuple(layout[0] for layout in self.layouts)
 
     def targets(self):
         """The module that defines the first hunk's function (from definitions, read when the

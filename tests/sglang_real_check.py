@@ -451,7 +451,6 @@ def global_helper_variant():
     out = {"had_global": "is_sm120_supported" in variant.__dict__}
     declaration = copy.copy(sglang_patch.SM120_FP8_AUTOTUNE.rule)  # the same declaration, anchored to the variant
     declaration.layouts = [((spec.name, "should_run_flashinfer_autotune"),)]
-    declaration.sites = (declaration.layouts[0][0],)
     changes = declaration.prepare({spec.name: variant})
     out["changes"] = [type(c).__name__ for c in changes]
     try:
@@ -505,7 +504,6 @@ def derived(patch, reverts, exercise, where="flashinfer_backend"):
     for rule in declaration.hunks:
         rule.module = name
     declaration.layouts = [tuple((name, rule.function) for rule in declaration.hunks)]
-    declaration.sites = (declaration.layouts[0][0],)
     changes = declaration.prepare({name: copy_module})
     globals()[where] = copy_module
     try:

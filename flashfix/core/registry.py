@@ -453,9 +453,9 @@ def judge(patch, trees, version, claims=None):
     if shape.kind == ABSENT:
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
-        unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed")
-                 for d, s in sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
-        if in_range(patch, version):
+        if in_range(patch, version):  # then what the fix requires: read only where it would apply
+            unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed") for d, s in
+                     sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
             if unmet:
                 return "unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
             taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
