@@ -426,6 +426,31 @@ def test_a_file_that_does_not_parse_raises():
         _source.find_def(_source.Module("def f(:\n    pass\nclass C:\n    pass\n", "<test>"), "C")
 
 
+def test_kept_runs_are_parsed_once_and_read_as_a_fresh_parse(monkeypatch):
+    """The doctor (``kept()``): every patch reads the same modules, each run is parsed once (before:
+    once per lookup), a lookup finds what a fresh parse finds, a SyntaxError reaches every reader, and
+    leaving the scope forgets the trees."""
+    parses = []
+    real = ast.parse
+    monkeypatch.setattr(_source.ast, "parse", lambda *a, **k: parses.append(1) or real(*a, **k))
+    text = original(BACKEND)
+    names = ["FlashInferAttnBackend.forward_extend", "FlashInferAttnBackend.__init__", "FlashInferIndicesUpdaterPrefill"]
+    fresh = [ast.dump(_source.find_def(_source.Module(text, "<t>"), n), include_attributes=True) for n in names]
+    once = len(parses)
+    with _source.kept():
+        tree = _source.parse_text(text, "<kept>")
+        parses.clear()
+        for _ in range(3):
+            assert [ast.dump(_source.find_def(tree, n), include_attributes=True) for n in names] == fresh
+        assert 0 < len(parses) < once / 2
+        broken = _source.parse_text("def f(:\n    pass\nclass C:\n    pass\n", "<broken>")
+        for _ in range(2):
+            with pytest.raises(SyntaxError):
+                _source.find_def(broken, "C")
+        assert _source.parse_text(text, "<kept>") is tree
+    assert _source.parse_text(text, "<kept>") is not tree and not _source.KEEP_RUNS
+
+
 def vllm_original(relative, release="vllm==0.28.0"):
     python = engine_env.env_python(release)
     return next((python.parent.parent / "lib").glob("python*/site-packages")).joinpath(relative).read_text("utf-8")

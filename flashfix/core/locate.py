@@ -152,9 +152,9 @@ class ImportSystem:
         except metadata.PackageNotFoundError:
             return None
 
-    def version(self, dist):
+    def version(self, dist):  # ``Distribution.version`` parses the whole METADATA (vLLM's: 9 ms); its headers do
         found = self._distribution(dist)
-        return found.version if found is not None else None
+        return found and _metadata_version(found.read_text("METADATA") or found.read_text("PKG-INFO") or "")[1]
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
@@ -175,7 +175,7 @@ def _normal(dist):
 def _metadata_version(text):
     from email.parser import HeaderParser
 
-    headers = HeaderParser().parsestr(text)
+    headers = HeaderParser().parsestr(text.replace("\r\n", "\n").partition("\n\n")[0])  # the body is no header
     return headers.get("Name"), headers.get("Version")
 
 

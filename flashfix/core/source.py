@@ -20,7 +20,9 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 """
 
 import ast
+import contextlib
 import copy
+import itertools
 import re
 
 from flashfix.core import locate as _locate
@@ -40,6 +42,7 @@ def module_file(modname, modules=None):
 SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but has no source
 
 _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
+KEEP_RUNS = False  # True: a tree keeps its parsed runs until forget() (the doctor; an engine process keeps none)
 
 
 # A line that may start a top-level statement: at column 0, not blank, a comment, a closing
@@ -62,7 +65,7 @@ class Module(ast.Module):
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
-        self.flashfix_text, self.flashfix_origin, self._body = text, origin, None
+        self.flashfix_text, self.flashfix_origin, self._body, self._kept = text, origin, None, None
 
     @property
     def body(self):
@@ -89,6 +92,24 @@ class Module(ast.Module):
         if self._body is not None:
             yield len(self.flashfix_text), self._body
             return
+        if not KEEP_RUNS:
+            yield from self._runs(keep)
+            return
+        if self._kept is None:  # the doctor: each run parsed once, whole, for every patch that reads it
+            self._kept, self._more = [], self._runs(None)
+        for i in itertools.count():
+            if i == len(self._kept):
+                try:
+                    self._kept.append(next(self._more, None))
+                except (SyntaxError, ValueError) as exc:  # raised to every reader, not only the first
+                    self._kept.append(exc)
+            if isinstance(self._kept[i], Exception):
+                raise self._kept[i]
+            if self._kept[i] is None:
+                return
+            yield self._kept[i]
+
+    def _runs(self, keep):
         text, origin = self.flashfix_text, self.flashfix_origin or "<unknown>"
         cuts, line, at = [], 1, 0
         for match in _CUT.finditer(text):
@@ -222,6 +243,19 @@ def parse_file(path):
 def forget():
     """Drop every parsed tree (they are only needed while patches are being decided)."""
     _parsed.clear()
+
+
+@contextlib.contextmanager
+def kept():
+    """Within: every tree keeps the runs it parsed, then all are forgotten (the doctor: many patches read
+    the same few modules; an engine process parses run by run and keeps nothing)."""
+    global KEEP_RUNS
+    outer, KEEP_RUNS = KEEP_RUNS, True
+    try:
+        yield
+    finally:
+        KEEP_RUNS = outer
+        outer or forget()
 
 
 def module_ast(modname, modules=None):

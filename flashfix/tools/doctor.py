@@ -30,7 +30,7 @@ def diagnose(reader=None):
     """One dict per patch: id, engine, engine_version, verdict, reason, in_range, upstream,
     fixed_in, sources. ``reader``: the environment to read (default: this interpreter's)."""
     rows, claims = [], {}  # the functions the patches judged so far would rewrite, as at run time
-    with _locate.reading(reader or _locate.reader()):
+    with _locate.reading(reader or _locate.reader()), _source.kept():
         patches, cfg = _registry.load_all(), _registry.config()
         for patch in patches:
             with _locate.recording() as sources:
@@ -55,7 +55,6 @@ def _diagnose_one(patch, cfg, claims):
     else:
         verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, claims)
         in_range = _registry.in_range(patch, version)
-    _source.forget()
     return {
         "id": patch.id,
         "engine": patch.engine,
@@ -72,7 +71,7 @@ def _diagnose_one(patch, cfg, claims):
 def known(reader=None):
     """``known-unfixed`` rows: the uncarried fixes of the engine modules' ``KNOWN`` that affect the environment read."""
     rows = []
-    with _locate.reading(reader or _locate.reader()):
+    with _locate.reading(reader or _locate.reader()), _source.kept():
         for item in [k for m in flashfix.PATCH_MODULES.values() for k in getattr(importlib.import_module(m), "KNOWN", ())]:
             with _locate.recording() as sources:
                 row = _diagnose_one(item, _registry.config(), None)
@@ -109,8 +108,9 @@ def pack_problems(reader=None):
 
 def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
-    rows, cfg = diagnose(reader)
-    rows += known(reader)
+    with _source.kept():  # every patch reads the same few modules: parse each run once
+        rows, cfg = diagnose(reader)
+        rows += known(reader)
     errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
         for problem in errors:
