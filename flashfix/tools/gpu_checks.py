@@ -2,14 +2,15 @@
 against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
 functions, never when this module loads.
 
-``sglang_fp8`` and ``vllm_sink`` take the patched function objects of the engine (installed, or
-loaded from a wheel or tree by ``EngineModuleFinder``, the engine modules it imports replaced by
-stand-ins) and the original code flashfix keeps for ``revert``, build only the call's arguments
-(``self``, the layer, the batch or metadata, holding what the function reads), run both on the
-same inputs, count the FlashInfer calls made from the engine's file (``Calls``) and report any
-stand-in the function read (``drive``: it cannot be driven). ``sink_sequence`` builds several
-sink wrappers in one process (the JIT kernel-name collision). Errors are relative L2 errors of
-the whole output against float64 computed from exactly the values the kernel reads.
+Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) takes the patched
+function objects of the engine (installed, or loaded from a wheel or tree by ``EngineModuleFinder``,
+the engine modules it imports replaced by stand-ins) and the original code flashfix keeps for
+``revert``, builds only the call's arguments (``self``, the layer, the batch or metadata, holding
+what the function reads), runs both on the same inputs, counts the FlashInfer calls made from the
+engine's file (``Calls``) and reports any stand-in the function read (``drive``: it cannot be
+driven). ``sink_sequence`` builds several sink wrappers in one process (the JIT kernel-name
+collision). Errors are relative L2 errors of the whole output against float64 computed from
+exactly the values the kernel reads.
 """
 
 import functools
@@ -88,10 +89,6 @@ def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
     ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
                      sm_scale) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
     return torch.cat(ref).reshape(len(q), -1)
-
-
-class _Attrs:
-    pass
 
 
 def _args(func, **values):
@@ -344,18 +341,22 @@ def _pair(rows, row, run, original, live, err=None, **kw):
     return o1
 
 
-def _engine(patch_id, path, functions):
-    """``(module, rows, head, [(live, original), ...])`` of a check; ``rows`` says why when the
-    patch is not applied (then nothing can be driven)."""
+def _engine(patch_id, path, functions, fi):
+    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check; ``rows`` says
+    why when the patch is not applied (then nothing can be driven). ``fi``: a FlashInfer stand-in
+    (CPU tests, device "cpu"), else the real one."""
     module, record, version = engine_module(patch_id, path)
     head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
             "state": record["state"], "reason": record["reason"]}
     if record["state"] != "applied":
-        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, []
+        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, [], fi, ""
     pairs = [live_and_original(record, f) for f in functions]
     head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
                            for _, o in pairs])
-    return module, [], head, pairs
+    if fi is None:
+        import flashinfer as fi
+        return module, [], head, pairs, fi, "cuda"
+    return module, [], head, pairs, fi, "cpu"
 
 
 def _revert(patch_id, rows, head, same):
@@ -403,13 +404,10 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
     import torch
 
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
-    module, rows, head, pairs = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"])
+    module, rows, head, pairs, fi, device = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"], fi)
     if not pairs:
         return rows
     (live, original), = pairs
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
     calls = Calls(live.__code__.co_filename)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     prefix, whole = [p for p, _ in requests], [p + n for p, n in requests]
@@ -459,18 +457,16 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
 # --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
 
 
-def _provided(module):
-    """Module globals the check sets while it runs (restored after): the GPU vLLM's gates ask
-    about (answered per run), and where the module was loaded with stand-in imports, the helpers
-    the functions call, as vLLM defines them for the check's bf16 NHD cache (docs/gpu.md)."""
-    import torch
-
-    values = {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}
-    stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
-                     "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
-                     "FP8_DTYPE": torch.float8_e4m3fn, "get_flashinfer_layout_string": lambda layout: "NHD"}
-    values.update({k: v for k, v in stand_in_only.items() if isinstance(module.__dict__.get(k), _StandIn)})
-    return {k: v for k, v in values.items() if k in module.__dict__}
+def _provide(module, always=(), stand_in_only=()):
+    """Set module globals while a check runs; returns what to restore. ``always``: those the module
+    has (what vLLM's GPU gates ask, answered per run); ``stand_in_only``: where the module was loaded
+    with stand-in imports, the engine helpers a function calls, as the engine defines them for the
+    check's inputs (each listed in docs/gpu.md)."""
+    values = {k: v for k, v in dict(always).items() if k in module.__dict__}
+    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
+    saved = {k: module.__dict__[k] for k in values}
+    module.__dict__.update(values)
+    return saved
 
 
 def _forcing_fa2(classes):
@@ -489,17 +485,15 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
     no sinks, and a GPU the build serves no sinks on; then ``revert()``."""
     import torch
 
-    module, rows, head, pairs = _engine("vllm-sink-prefill", path, [
-        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"])
+    module, rows, head, pairs, fi, device = _engine("vllm-sink-prefill", path, [
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"], fi)
     if not pairs:
         return rows
     (factory, factory_0), (forward, forward_0) = pairs
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
-    provided = _provided(module)
-    saved = {k: module.__dict__[k] for k in provided}
-    module.__dict__.update(provided)
+    saved = _provide(module, {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}, {
+        "is_quantized_kv_cache": lambda dtype: dtype != "auto", "FP8_DTYPE": torch.float8_e4m3fn,
+        "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
+        "get_flashinfer_layout_string": lambda layout: "NHD"})
     forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
     calls = Calls(forward.__code__.co_filename)
     if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
@@ -593,12 +587,9 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
     import torch
 
     mla = patch_id != "vllm-dcp-prefill-lse"
-    module, rows, head, pairs = _engine(patch_id, path, ["new_tokens", "context_chunk"] if mla else ["run"])
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["new_tokens", "context_chunk"] if mla else ["run"], fi)
     if not pairs:
         return rows
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
     calls, bf16, gen = Calls(pairs[0][0].__code__.co_filename), torch.bfloat16, torch.Generator(device=device).manual_seed(seed)
     qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
     heads, kv_heads, dk, dv = (MLA_HEADS, MLA_HEADS, MLA_QK, MLA_V) if mla else (NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM)
@@ -615,7 +606,7 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         chunk.plan(qo, ctx, heads, heads, dk, head_dim_vo=dv, causal=False, sm_scale=sm_scale, q_data_type=bf16)
         prefix_kv = lambda i: (kc[ctx[i]:ctx[i + 1]].double(), vc[ctx[i]:ctx[i + 1]].double())
         owner = object.__new__(getattr(module, pairs[0][0].__qualname__.split(".")[0]))  # the backend, or MLACommonImpl
-        prefill = object.__new__(module.__dict__.get("FlashInferPrefillMetadata", _Attrs))  # 0.20: the metadata holds them
+        prefill = object.__new__(module.__dict__.get("FlashInferPrefillMetadata") or type("M", (), {}))  # 0.20 reads it
         for o in (owner, prefill):
             o.__dict__.update(_prefill_main=ragged, _prefill_chunks=[chunk], prefill_main=ragged, prefill_chunks=[chunk])
         values = dict(prefill=prefill, chunk=types.SimpleNamespace(index=0), chunk_idx=0, q=q)
@@ -636,11 +627,8 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         wrapper = object.__new__(module.BatchDCPPrefillWrapper)
         # world size 1: the all-gather and the LSE combine across ranks are identities
         wrapper.__dict__.update(_context=paged, _new_tokens=ragged, _dcp_combine=lambda o, lse, group, return_lse: (o, lse))
-        provided = {"get_dcp_group": lambda: types.SimpleNamespace(all_gather=lambda t, dim: t)}
-        if isinstance(module.__dict__.get("merge_attn_states"), _StandIn):
-            provided["merge_attn_states"] = _merge_ln
-        saved = {name: module.__dict__.get(name) for name in provided}
-        module.__dict__.update(provided)
+        saved = _provide(module, {"get_dcp_group": lambda: types.SimpleNamespace(all_gather=lambda t, dim: t)},
+                         {"merge_attn_states": _merge_ln})
         layer = types.SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
 
         def run(funcs):
@@ -658,11 +646,6 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
     finally:
         module.__dict__.update(saved)
-
-
-def not_run(patch_id, why):
-    """A check that cannot run on this machine: one row that says why (never a pass)."""
-    return [{"case": "not run", "not_run": why, "engine": patch_id.split("-")[0]}]
 
 
 # --- SGLang's prefill planning: FlashInferIndicesUpdaterPrefill ----------------------------------
@@ -683,13 +666,10 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
 
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")
     swa = patch_id == "sglang-swa-full-attn-ragged-prefix"
-    module, rows, head, pairs = _engine(patch_id, path, ["update_sliding_window" if swa else "Prefill.__init__"])
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["update_sliding_window" if swa else "Prefill.__init__"], fi)
     if not pairs:
         return rows
     (live, original), = pairs
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
     calls, bs, i32, bf16 = Calls(live.__code__.co_filename), len(requests), torch.int32, torch.bfloat16
     cache = PagedBatch([(n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed, device=device)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -716,11 +696,10 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
     table = types.SimpleNamespace(reads_are_translated=False, fill_packed_read_stream=lambda req_pool_indices, seq_lens,
                                   indptr, total_tokens, out, kv_start_idx, **_: gather(
                                       req_to_token, req_pool_indices, seq_lens, indptr, kv_start_idx, out))
-    provided = {"create_flashinfer_kv_indices_triton": collections.defaultdict(lambda: gather),
-                "get_attention_tp_size": lambda: 1, "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=1),
-                "get_forward_context": lambda: None}  # 0.5.10: None outside a piecewise CUDA graph
-    saved = {name: module.__dict__[name] for name in provided if isinstance(module.__dict__.get(name), _StandIn)}
-    module.__dict__.update({name: provided[name] for name in saved})
+    saved = _provide(module, stand_in_only={
+        "create_flashinfer_kv_indices_triton": collections.defaultdict(lambda: gather), "get_attention_tp_size": lambda: 1,
+        "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=1),
+        "get_forward_context": lambda: None})  # 0.5.10: None outside a piecewise CUDA graph
     cls = module.FlashInferIndicesUpdaterPrefill
     # what the updater holds (SWA: set here; per-layer heads: read by its own __init__ from these two)
     backend = types.SimpleNamespace(kv_index_translator=table, dq_paged_kernel_lens=None, dispatch_reason=None, page_size=1,
@@ -815,4 +794,4 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     return {"rows": rows, "flashfix_warnings": messages}
 
 
-__all__ = ["sglang_fp8", "sglang_plan", "vllm_sink", "vllm_lse", "not_run", "sink_sequence", "reference", "rel_l2", "engine_module"]
+__all__ = ["sglang_fp8", "sglang_plan", "vllm_sink", "vllm_lse", "sink_sequence", "reference", "rel_l2", "engine_module"]

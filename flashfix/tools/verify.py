@@ -49,7 +49,7 @@ CHECKS = (
     ("sink-jit-name", "flashinfer-sink-jit-name", "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
     ("mla-prefill-lse", "vllm-mla-flashinfer-lse", "g.vllm_lse('vllm-mla-flashinfer-lse', path)"),
     ("dcp-prefill-lse", "vllm-dcp-prefill-lse", "g.vllm_lse('vllm-dcp-prefill-lse', path)"),
-    ("mla-trtllm-ragged-lse", "vllm-mla-trtllm-ragged-lse", "g.not_run('vllm-mla-trtllm-ragged-lse', %r)" % TRTLLM),
+    ("mla-trtllm-ragged-lse", "vllm-mla-trtllm-ragged-lse", "[{'case': 'not run', 'not_run': %r}]" % TRTLLM),
 )
 
 
