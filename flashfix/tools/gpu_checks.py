@@ -42,10 +42,13 @@ K_SCALE, V_SCALE = 0.05, 0.07
 
 
 def rel_l2(out, ref):
-    """Relative L2 error in float64; NaN/inf in ``out`` give ``inf``."""
+    """Relative L2 error in float64, ``out`` read in ``ref``'s shape; NaN/inf in ``out`` give
+    ``inf``; None without an output (the run failed) or a reference (a CPU test)."""
     import torch
 
-    out = out.double()
+    if out is None or ref is None:
+        return None
+    out = out.double().reshape(ref.shape)
     if not torch.isfinite(out).all():
         return math.inf
     return float((out - ref).norm() / ref.norm())
@@ -83,17 +86,19 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
 
 def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
     """float64 causal attention of each request's new tokens (rows ``qo[i]:qo[i + 1]`` of q, k,
-    v) over its cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, [tokens, -1]."""
+    v) over its cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, [tokens, -1]; None
+    on the CPU (the CPU tests' FlashInfer computes nothing)."""
     import torch
 
+    if q.device.type == "cpu":
+        return None
     ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
                      sm_scale) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
     return torch.cat(ref).reshape(len(q), -1)
 
 
 def _args(func, **values):
-    """The keyword arguments of ``func`` (after ``self``) that ``values`` names: releases name and
-    order them differently (``chunk_idx`` or ``chunk``, a ``prefill`` metadata first or not)."""
+    """The arguments of ``func`` after ``self`` that ``values`` names (releases name them differently)."""
     code = func.__code__
     return {n: values[n] for n in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount] if n in values}
 
@@ -431,8 +436,8 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
             return _extend(module, func, calls, [paged], ragged, cache, q, k, v, use_ragged, no_prefix, scales, tensors) + (cache,)
 
         def err(out, cache):
-            return None if out is None or device == "cpu" else rel_l2(out, _prefix_reference(
-                q, k, v, qo, lambda i: (cache.request_kv(i, "k"), cache.request_kv(i, "v")), head_dim ** -0.5))
+            return rel_l2(out, _prefix_reference(q, k, v, qo, lambda i: (cache.request_kv(i, "k"), cache.request_kv(
+                i, "v")), head_dim ** -0.5))
 
         base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
         released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err)
@@ -574,7 +579,6 @@ def _merge_ln(output, prefix, prefix_lse, suffix, suffix_lse, *_):
 
 
 LSE_REQUESTS = ((64, 100), (2000, 128))  # (cached prefix, new tokens) per request
-MLA_HEADS, MLA_QK, MLA_V = 16, 192, 128  # DeepSeek's MLA prefill: qk nope 128 + rope 64, v 128
 
 
 def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
@@ -592,7 +596,8 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         return rows
     calls, bf16, gen = Calls(pairs[0][0].__code__.co_filename), torch.bfloat16, torch.Generator(device=device).manual_seed(seed)
     qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
-    heads, kv_heads, dk, dv = (MLA_HEADS, MLA_HEADS, MLA_QK, MLA_V) if mla else (NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM)
+    # DeepSeek's MLA prefill: 16 heads, qk 192 (nope 128 + rope 64), v 128; DCP: the sink checks' shapes
+    heads, kv_heads, dk, dv = (16, 16, 192, 128) if mla else (NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM)
     q, k, v = (torch.randn(qo[-1], h, d, generator=gen, device=device).to(bf16) for h, d in
                ((heads, dk), (kv_heads, dk), (kv_heads, dv)))
     sm_scale, out = dk ** -0.5, torch.empty(len(q), heads, dv, dtype=bf16, device=device)
@@ -635,12 +640,12 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
             o, took, error = drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
             return o, took, error, None
 
-    ref = None if device == "cpu" else _prefix_reference(q, k, v, qo, prefix_kv, sm_scale)
-    err = lambda o, _: None if o is None or ref is None else rel_l2(o.reshape(len(q), -1), ref)
+    ref = _prefix_reference(q, k, v, qo, prefix_kv, sm_scale)
     live, original = zip(*pairs)
     base = dict(head, requests=[list(r) for r in requests], heads=[heads, kv_heads], head_dim=[dk, dv])
     try:
-        released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live, err)
+        released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live,
+                         lambda o, _: rel_l2(o, ref))
         if mla:
             _pair(rows, dict(base, case="control: new tokens without LSE"), run, original, live, lse=False)
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
@@ -742,13 +747,12 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
                                    backend.prefill_wrapper_ragged, cache, q, k, v, use_ragged, heads=heads)
         return out, took + more, error, None
 
-    ref = None if device == "cpu" else _prefix_reference(
-        q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5)
-    err = lambda o, _: None if o is None or ref is None else rel_l2(o.reshape(len(q), -1), ref)
+    ref = _prefix_reference(q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"),
+                            head_dim ** -0.5)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
     try:
         released = _pair(rows, dict(base, case="ragged extend over a cached prefix, %s layer" % (
-            "full-attention" if swa else "32-head")), run, original, live, err)
+            "full-attention" if swa else "32-head")), run, original, live, lambda o, _: rel_l2(o, ref))
         _pair(rows, dict(base, case="control: " + ("paged-only extend" if swa else "a model without per-layer head "
                                                    "counts")), run, original, live, **(
             dict(use_ragged=False) if swa else dict(per_layer=None)))

@@ -9,9 +9,8 @@ Meant for an image pipeline, on the target GPU, before traffic reaches it:
    given with ``--path``, a wheel or tree loaded with stand-ins for the engine modules it
    imports), a check in its own child process (side by side: FlashInfer JIT-compiles about a
    minute per kernel variant) that runs the engine's own patched functions and the code kept for
-   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``: FP8 ragged +
-   paged ``forward_extend``; sink prefill through vLLM's factory and ``forward``, fa2, SM12x
-   capability faked), and the sink-wrapper JIT-name sequence.
+   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``, one per entry
+   of ``CHECKS``), and the sink-wrapper JIT-name sequence.
 
 Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not
 run, with why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no
