@@ -261,6 +261,7 @@ def test_sglang_swa_every_release_in_range_in_one_process():
     branch of the full-attention layer; as released the full wrapper's paged range covers whole
     sequences (kv_indices sized sum(seq) + 256), patched the cached prefix only."""
     from flashfix.sglang_patch import SWA_FULL_ATTN_RAGGED_PREFIX as patch
+    from flashfix.tools.gpu_checks import SWA_REQUESTS
 
     trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.13", patch.fixed_in)
     assert len(trees) >= 10, trees
@@ -286,8 +287,6 @@ def test_sglang_swa_every_release_in_range_in_one_process():
             bad[version] = problems
     assert not bad, bad
 
-
-SWA_REQUESTS = ((100, 37), (500, 128), (64, 300))
 
 
 def test_sglang_per_layer_heads_every_release_in_range_in_one_process():
