@@ -24,6 +24,10 @@ class _Wrapper:
         self._window_left = kwargs.get("window_left", -1)
         self._causal = kwargs.get("causal", True)
 
+    def begin_forward(self, *args, **kwargs):
+        self._note("begin_forward", args, kwargs)
+        self.plan(*args, **kwargs)
+
     def _note(self, name, args, kwargs):
         LOG.append([type(self).__name__, name, _desc(args), {k: _desc(v) for k, v in sorted(kwargs.items())}])
 
@@ -39,7 +43,11 @@ class _Wrapper:
         self._note("run", args, kwargs)
         if kwargs.get("out") is not None:
             kwargs["out"].fill_(1.0 if type(self).__name__.startswith("BatchAttention") else 0.0)
-        return torch.zeros_like(q)
+        # a causal (new tokens) and a non-causal (context) pass give different outputs and LSEs, so that
+        # a merge of the two depends on how their LSEs are read
+        out = torch.full((*q.shape[:2], kwargs["v"].shape[-1] if "v" in kwargs else q.shape[-1]),
+                         2.0 if self._causal else 1.0, dtype=q.dtype)
+        return (out, torch.full(q.shape[:2], 1.0 if self._causal else 3.0)) if kwargs.get("return_lse") else out
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):

@@ -39,12 +39,14 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
             ("ok", "vllm-sink-prefill", "[{'err_flashfix': 0.001, 'err_pre_fix': 0.6}]"),
             ("too far", "sglang-fp8-kv-scales", "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
             ("crash", "flashinfer-sink-jit-name", "1/0"),
+            ("cannot run here", "vllm-mla-trtllm-ragged-lse", "[{'case': 'not run', 'not_run': 'needs SM100'}]"),
         )
-        results = _verify._run_checks({("vllm-sink-prefill", None), ("sglang-fp8-kv-scales", None), ("flashinfer-sink-jit-name", None)},
-                                      False, time.time())
+        results = _verify._run_checks({("vllm-sink-prefill", None), ("sglang-fp8-kv-scales", None), ("flashinfer-sink-jit-name", None),
+                                       ("vllm-mla-trtllm-ragged-lse", None)}, False, time.time())
         report(results={x["check"]: x["passed"] for x in results})
     ''')
-    assert r["results"] == {"ok": True, "too far": False, "crash": False}
+    assert r["results"] == {"ok": True, "too far": False, "crash": False, "cannot run here": None}  # None: not a pass
+    assert "cannot run here: NOT RUN (not a pass): needs SM100" in proc.stdout
     assert "ok: pass, max relative error with flashfix 0.001 (threshold 0.005), without the fix 0.6" in proc.stdout
     assert "too far: FAIL" in proc.stdout and "ZeroDivisionError" in proc.stdout
 

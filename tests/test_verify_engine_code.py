@@ -110,10 +110,11 @@ print("FLASHFIX_RESULT=" + json.dumps(out, default=repr))
 '''
 
 
-def release_trees(dist, target, since, below):
+def release_trees(dist, targets, since, below):
     """``[(version, tree)]`` of every final release of ``dist`` from ``since`` below ``below``: a
-    small tree holding the release's ``target`` module and METADATA, read from its wheel on PyPI
-    with range requests (scripts/sweep_releases.py) and cached."""
+    small tree holding those of the release's ``targets`` modules (a name or a tuple) it has, and
+    its METADATA, read from its wheel on PyPI with range requests (scripts/sweep_releases.py) and
+    cached."""
     from packaging.version import Version
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -125,18 +126,23 @@ def release_trees(dist, target, since, below):
     for version, found, _ in sweep.releases(dist, data, url, since=since):
         if Version(version) >= Version(below) or found is None:
             continue
-        tree = WHEELS / "trees" / ("%s-%s" % (dist, version))
-        if not (tree / "complete").exists():
-            archive, _ = sweep.open_wheel(found["url"])
-            reader = locate.ZipReader(archive, found["filename"])
+        tree, reader = WHEELS / "trees" / ("%s-%s" % (dist, version)), None
+        for target in (targets,) if isinstance(targets, str) else targets:
             module = tree / (target.replace(".", "/") + ".py")
+            if module.exists() or module.with_suffix(".absent").exists():
+                continue
+            if reader is None:
+                archive, _ = sweep.open_wheel(found["url"])
+                reader = locate.ZipReader(archive, found["filename"])
+                member = reader._metadata_member(dist)[0]
+                (tree / member).parent.mkdir(parents=True, exist_ok=True)
+                (tree / member).write_bytes(reader._read_member(member))
             module.parent.mkdir(parents=True, exist_ok=True)
-            module.write_text(reader.find(target).text)
-            member = reader._metadata_member(dist)[0]
-            meta = tree / member
-            meta.parent.mkdir(parents=True, exist_ok=True)
-            meta.write_bytes(reader._read_member(member))
-            (tree / "complete").write_text("")
+            source = reader.find(target)
+            if source is None:
+                module.with_suffix(".absent").write_text("")
+            else:
+                module.write_text(source.text)
         trees.append((version, str(tree)))
     return trees
 
@@ -216,3 +222,97 @@ def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
 
 
 SINK_CLASS = "BatchAttentionWithAttentionSinkWrapper"
+
+
+VLLM_LSE_TARGETS = ("vllm.model_executor.layers.attention.mla_attention", "vllm.v1.attention.backends.mla.prefill.flashinfer",
+                    "vllm.v1.attention.backends.mla.prefill.trtllm_ragged", "vllm.v1.attention.backends.flashinfer")
+
+
+@pytest.mark.parametrize("patch,calls", [("vllm-mla-flashinfer-lse", ["new tokens.run", "context chunk.run"]),
+                                         ("vllm-dcp-prefill-lse", ["context.run", "new tokens.run"])])
+def test_vllm_lse_every_release_in_range_in_one_process(patch, calls):
+    """#52796 on every final release from 0.20.0 to 0.28.0 (the code moved in 0.21.0 and changed
+    its arguments in 0.28.0): the engine's own functions run both FlashInfer passes, the merged
+    output changes with the fix (the LSEs are read in another base) and the controls do not."""
+    trees = release_trees("vllm", VLLM_LSE_TARGETS, "0.20.0", "0.29.0")
+    assert len(trees) >= 14, trees
+    out, moved = {}, Path(VLLM_LSE_TARGETS[1].replace(".", "/") + ".py")
+    for layout in {(Path(tree) / moved).exists() for _, tree in trees}:  # a process per target module (hooked once)
+        code = SWEEP % {"tests": str(REPO / "tests"), "trees": [t for t in trees if (Path(t[1]) / moved).exists() == layout],
+                        "top": "vllm", "patch": patch, "check": "vllm_lse", "kwargs": {"patch_id": patch}}
+        out.update(*engine_env.run("vllm==0.28.0", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"}))
+    bad = {}
+    for version, _ in trees:
+        rows = out[version]["rows"]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        main = [r for r in rows if r["case"].startswith("cached prefix")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != calls or main[0]["bitwise_equal"]:
+            problems.append("the branch did not run, or the fix did not change the merge: %s" % main)
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def test_sglang_swa_every_release_in_range_in_one_process():
+    """sglang-swa-full-attn-ragged-prefix on every final release from 0.5.13 to 0.5.20: the
+    engine's update_sliding_window plans both wrappers, forward_extend runs the ragged + paged
+    branch of the full-attention layer; as released the full wrapper's paged range covers whole
+    sequences (kv_indices sized sum(seq) + 256), patched the cached prefix only."""
+    from flashfix.sglang_patch import SWA_FULL_ATTN_RAGGED_PREFIX as patch
+    from flashfix.tools.gpu_checks import SWA_REQUESTS
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.13", patch.fixed_in)
+    assert len(trees) >= 10, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
+                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    seq_sum, prefix_sum = sum(p + n for p, n in SWA_REQUESTS), sum(p for p, _ in SWA_REQUESTS)
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        main = [r for r in rows if r["case"].startswith("ragged extend")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]][-2:] != [
+                "ragged.forward_return_lse", "paged full.forward_return_lse"]:
+            problems.append("the ragged + paged branch did not run: %s" % main)
+        # the paged plans of the main case, released then patched: [swa, full] each
+        sizes = [e[2][2] for e in log if e[0] == "BatchPrefillWithPagedKVCacheWrapper" and e[1] == "begin_forward"][:4]
+        if sizes[1::2] != ["tensor[%d] int32" % (seq_sum + 256), "tensor[%d] int32" % (prefix_sum + 256)]:
+            problems.append("full-attention wrapper's kv_indices (released, patched): %s" % sizes[1::2])
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+
+def test_sglang_per_layer_heads_every_release_in_range_in_one_process():
+    """sglang-per-layer-heads-plan on every final release from 0.5.1 to 0.5.16: the updater's own
+    __init__ reads the model's head counts, its update_single_wrapper plans, forward_extend runs
+    the 32-head layer; as released both wrappers are planned for 16 query heads, patched for 32."""
+    from flashfix.sglang_patch import PER_LAYER_HEADS_PLAN as patch
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", patch.fixed_in)
+    assert len(trees) >= 35, trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
+                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
+                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        main = [r for r in rows if r["case"].startswith("ragged extend")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != [
+                "ragged.begin_forward", "paged .begin_forward", "ragged.forward_return_lse", "paged .forward_return_lse"]:
+            problems.append("the planning and the ragged + paged branch did not run: %s" % main)
+        planned = [e[2][4 if "Paged" in e[0] else 2] for e in log if e[1] == "begin_forward"][:8]  # num_qo_heads
+        if planned != [16, 16, 32, 32] + [16, 16] * 2:  # ragged, paged: main case released, patched; the control
+            problems.append("planned query heads: %s" % planned[:8])
+        if problems:
+            bad[version] = problems
+    assert not bad, bad

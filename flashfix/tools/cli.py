@@ -65,11 +65,13 @@ def main(argv=None):
     verify.add_argument("--path", dest="paths", action="append", default=[], metavar="PATH",
                         help="also check the engine in PATH (a wheel or source tree, not installed here): its patched "
                              "module is loaded with stand-ins for the engine modules it imports")
+    verify.add_argument("--only", type=lambda s: s.split(","), default=(), metavar="ID[,ID]",
+                        help="run the numeric checks of these patch ids only")
     args = parser.parse_args(argv)
     if args.command == "verify":
         from flashfix.tools.verify import run
 
-        return run(as_json=args.json, paths=args.paths)
+        return run(as_json=args.json, paths=args.paths, only=args.only)
     from flashfix.core import locate as _locate
 
     try:

@@ -2,14 +2,15 @@
 against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
 functions, never when this module loads.
 
-``sglang_fp8`` and ``vllm_sink`` take the patched function objects of the engine (installed, or
-loaded from a wheel or tree by ``EngineModuleFinder``, the engine modules it imports replaced by
-stand-ins) and the original code flashfix keeps for ``revert``, build only the call's arguments
-(``self``, the layer, the batch or metadata, holding what the function reads), run both on the
-same inputs, count the FlashInfer calls made from the engine's file (``Calls``) and report any
-stand-in the function read (``drive``: it cannot be driven). ``sink_sequence`` builds several
-sink wrappers in one process (the JIT kernel-name collision). Errors are relative L2 errors of
-the whole output against float64 computed from exactly the values the kernel reads.
+Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) takes the patched
+function objects of the engine (installed, or loaded from a wheel or tree by ``EngineModuleFinder``,
+the engine modules it imports replaced by stand-ins) and the original code flashfix keeps for
+``revert``, builds only the call's arguments (``self``, the layer, the batch or metadata, holding
+what the function reads), runs both on the same inputs, counts the FlashInfer calls made from the
+engine's file (``Calls``) and reports any stand-in the function read (``drive``: it cannot be
+driven). ``sink_sequence`` builds several sink wrappers in one process (the JIT kernel-name
+collision). Errors are relative L2 errors of the whole output against float64 computed from
+exactly the values the kernel reads.
 """
 
 import functools
@@ -41,10 +42,13 @@ K_SCALE, V_SCALE = 0.05, 0.07
 
 
 def rel_l2(out, ref):
-    """Relative L2 error in float64; NaN/inf in ``out`` give ``inf``."""
+    """Relative L2 error in float64, ``out`` read in ``ref``'s shape; NaN/inf in ``out`` give
+    ``inf``; None without an output (the run failed) or a reference (a CPU test)."""
     import torch
 
-    out = out.double()
+    if out is None or ref is None:
+        return None
+    out = out.double().reshape(ref.shape)
     if not torch.isfinite(out).all():
         return math.inf
     return float((out - ref).norm() / ref.norm())
@@ -80,10 +84,29 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
     return torch.einsum("hnm,mhd->nhd", weights / denom, v)
 
 
+def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
+    """float64 causal attention of each request's new tokens (rows ``qo[i]:qo[i + 1]`` of q, k,
+    v) over its cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, [tokens, -1]; None
+    on the CPU (the CPU tests' FlashInfer computes nothing)."""
+    import torch
+
+    if q.device.type == "cpu":
+        return None
+    ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
+                     sm_scale) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
+    return torch.cat(ref).reshape(len(q), -1)
+
+
+def _args(func, **values):
+    """The arguments of ``func`` after ``self`` that ``values`` names (releases name them differently)."""
+    code = func.__code__
+    return {n: values[n] for n in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount] if n in values}
+
+
 def _workspace(device="cuda"):
     import torch
 
-    return torch.empty(128 << 20 if device == "cuda" else 8, dtype=torch.uint8, device=device)
+    return torch.empty(384 << 20 if device == "cuda" else 8, dtype=torch.uint8, device=device)  # as SGLang allocates
 
 
 class PagedBatch:
@@ -251,11 +274,10 @@ def engine_module(patch_id, path=None):
     return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
 
 
-def live_and_original(record, qualname):
-    """The engine's function as patched (the live object) and the original code flashfix keeps
-    for ``revert``, as a function of its own."""
-    change = next(c for c in record["changes"] if getattr(c, "func", None) is not None
-                  and c.func.__qualname__ == qualname)
+def live_and_original(record, name):
+    """The engine's function whose qualified name holds ``name``, as patched (the live object) and
+    the original code flashfix keeps for ``revert``, as a function of its own."""
+    change = next(c for c in record["changes"] if getattr(c, "func", None) is not None and name in c.func.__qualname__)
     f = change.func
     original = types.FunctionType(change.old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     original.__qualname__, original.__kwdefaults__ = f.__qualname__, f.__kwdefaults__
@@ -314,27 +336,32 @@ def _pair(rows, row, run, original, live, err=None, **kw):
     equal; the FlashInfer calls and errors of each. Returns the released code's output."""
     t = time.time()
     (o1, c1, e1, x1), (o2, c2, e2, x2) = run(original, **kw), run(live, **kw)
-    row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1))
+    row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1),
+               bitwise_equal=_same(o1, o2))
     if err is None:
-        row.update(control=True, bitwise_equal=_same(o1, o2))
+        row.update(control=True)
     else:
         row.update(err_pre_fix=err(o1, x1), err_flashfix=err(o2, x2))
     rows.append(row)
     return o1
 
 
-def _engine(patch_id, path, functions):
-    """``(module, rows, head, [(live, original), ...])`` of a check; ``rows`` says why when the
-    patch is not applied (then nothing can be driven)."""
+def _engine(patch_id, path, functions, fi):
+    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check; ``rows`` says
+    why when the patch is not applied (then nothing can be driven). ``fi``: a FlashInfer stand-in
+    (CPU tests, device "cpu"), else the real one."""
     module, record, version = engine_module(patch_id, path)
     head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
             "state": record["state"], "reason": record["reason"]}
     if record["state"] != "applied":
-        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, []
+        return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, [], fi, ""
     pairs = [live_and_original(record, f) for f in functions]
-    head.update(functions=["%s (%s:%d)" % (f, o.__code__.co_filename, o.__code__.co_firstlineno)
-                           for f, (_, o) in zip(functions, pairs)])
-    return module, [], head, pairs
+    head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
+                           for _, o in pairs])
+    if fi is None:
+        import flashinfer as fi
+        return module, [], head, pairs, fi, "cuda"
+    return module, [], head, pairs, fi, "cpu"
 
 
 def _revert(patch_id, rows, head, same):
@@ -348,6 +375,32 @@ def _revert(patch_id, rows, head, same):
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 
 
+def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
+            tensors=(1.0, 1.0), heads=NUM_QO_HEADS):
+    """SGLang's ``forward_extend`` driven with ``self``, ``layer`` and ``forward_batch`` holding what
+    it reads, 0.5.1 to 0.5.20: a decoder layer of full attention (with two wrappers, a sliding-window
+    backend's wrapper 1), the KV pool's buffer ``cache``; KV not saved."""
+    pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
+    backend = object.__new__(module.FlashInferAttnBackend)
+    backend.__dict__.update(
+        forward_metadata=types.SimpleNamespace(prefill_wrappers=wrappers, use_ragged=use_ragged, extend_no_prefix=no_prefix,
+                                               multi_item_params=None),
+        num_wrappers=len(wrappers), prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
+        prefill_uses_dequant_workspace=False, is_dllm_model=False)
+    if len(wrappers) > 1:
+        backend.dispatch_reason = module.WrapperDispatch.SLIDING_WINDOW
+    head_dim = cache.head_dim
+    layer = types.SimpleNamespace(
+        layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
+        tp_q_head_num=heads, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
+        attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
+        k_scale_float=scales[0], v_scale_float=scales[1])
+    batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
+    # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
+    return drive(func, (backend, q, k, v, layer, batch), {"save_kv_cache": False}, calls,
+                 allowed=[module.AttentionType.__qualname__])
+
+
 def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_SCALE, V_SCALE), seed=0, fi=None):
     """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
     scales far from 1: the ragged + paged branch against float64, and the controls that must not
@@ -356,13 +409,10 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
     import torch
 
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
-    module, rows, head, pairs = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"])
+    module, rows, head, pairs, fi, device = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"], fi)
     if not pairs:
         return rows
     (live, original), = pairs
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
     calls = Calls(live.__code__.co_filename)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     prefix, whole = [p for p, _ in requests], [p + n for p, n in requests]
@@ -380,34 +430,14 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
             paged = calls.watch("paged", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
             paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, NUM_QO_HEADS, NUM_KV_HEADS, head_dim,
                        1, causal=not use_ragged, q_data_type=bf16, kv_data_type=fp8)
-            pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
-            # self, layer and forward_batch: what forward_extend reads, 0.5.1 to 0.5.17
-            backend = object.__new__(module.FlashInferAttnBackend)
-            backend.__dict__.update(
-                forward_metadata=types.SimpleNamespace(prefill_wrappers=[paged], use_ragged=use_ragged,
-                                                       extend_no_prefix=no_prefix, multi_item_params=None),
-                num_wrappers=1, prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
-                prefill_uses_dequant_workspace=False, is_dllm_model=False)
             # a checkpoint's KV scales as RadixAttention holds them: 0-dim tensors (what 0.5.1's paged
             # calls pass) and, from 0.5.2, the floats k_scale_float / v_scale_float that they pass
             tensors = [s if floats else torch.tensor(s, device=device) for s in scales]
-            layer = types.SimpleNamespace(
-                layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
-                tp_q_head_num=NUM_QO_HEADS, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
-                attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
-                k_scale_float=scales[0], v_scale_float=scales[1])
-            batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
-            # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
-            return drive(func, (backend, q, k, v, layer, batch), {"save_kv_cache": False}, calls,
-                         allowed=[module.AttentionType.__qualname__]) + (cache,)
+            return _extend(module, func, calls, [paged], ragged, cache, q, k, v, use_ragged, no_prefix, scales, tensors) + (cache,)
 
         def err(out, cache):
-            if out is None or device == "cpu":
-                return None
-            ref = [reference(q[qo[i]:qo[i + 1]], torch.cat([cache.request_kv(i, "k"), k[qo[i]:qo[i + 1]].double()]),
-                             torch.cat([cache.request_kv(i, "v"), v[qo[i]:qo[i + 1]].double()]), head_dim ** -0.5)
-                   for i in range(len(requests))]
-            return rel_l2(out, torch.cat(ref).reshape(len(q), -1))
+            return rel_l2(out, _prefix_reference(q, k, v, qo, lambda i: (cache.request_kv(i, "k"), cache.request_kv(
+                i, "v")), head_dim ** -0.5))
 
         base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
         released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err)
@@ -432,18 +462,16 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
 # --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
 
 
-def _provided(module):
-    """Module globals the check sets while it runs (restored after): the GPU vLLM's gates ask
-    about (answered per run), and where the module was loaded with stand-in imports, the helpers
-    the functions call, as vLLM defines them for the check's bf16 NHD cache (docs/gpu.md)."""
-    import torch
-
-    values = {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}
-    stand_in_only = {"is_quantized_kv_cache": lambda dtype: dtype != "auto",
-                     "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
-                     "FP8_DTYPE": torch.float8_e4m3fn, "get_flashinfer_layout_string": lambda layout: "NHD"}
-    values.update({k: v for k, v in stand_in_only.items() if isinstance(module.__dict__.get(k), _StandIn)})
-    return {k: v for k, v in values.items() if k in module.__dict__}
+def _provide(module, always=(), stand_in_only=()):
+    """Set module globals while a check runs; returns what to restore. ``always``: those the module
+    has (what vLLM's GPU gates ask, answered per run); ``stand_in_only``: where the module was loaded
+    with stand-in imports, the engine helpers a function calls, as the engine defines them for the
+    check's inputs (each listed in docs/gpu.md)."""
+    values = {k: v for k, v in dict(always).items() if k in module.__dict__}
+    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
+    saved = {k: module.__dict__[k] for k in values}
+    module.__dict__.update(values)
+    return saved
 
 
 def _forcing_fa2(classes):
@@ -462,17 +490,15 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
     no sinks, and a GPU the build serves no sinks on; then ``revert()``."""
     import torch
 
-    module, rows, head, pairs = _engine("vllm-sink-prefill", path, [
-        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"])
+    module, rows, head, pairs, fi, device = _engine("vllm-sink-prefill", path, [
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"], fi)
     if not pairs:
         return rows
     (factory, factory_0), (forward, forward_0) = pairs
-    device = "cuda" if fi is None else "cpu"
-    if fi is None:
-        import flashinfer as fi
-    provided = _provided(module)
-    saved = {k: module.__dict__[k] for k in provided}
-    module.__dict__.update(provided)
+    saved = _provide(module, {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}, {
+        "is_quantized_kv_cache": lambda dtype: dtype != "auto", "FP8_DTYPE": torch.float8_e4m3fn,
+        "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
+        "get_flashinfer_layout_string": lambda layout: "NHD"})
     forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
     calls = Calls(forward.__code__.co_filename)
     if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
@@ -539,6 +565,202 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
             cls.__init__ = init
 
 
+# --- vLLM #52796: FlashInfer's base-2 LSE handed to a natural-log merge --------------------------
+
+
+def _merge_ln(output, prefix, prefix_lse, suffix, suffix_lse, *_):
+    """vLLM's ``merge_attn_states`` (its CUDA op and Triton kernel compute this): the two partial
+    outputs weighted by their LSEs ([heads, tokens]) read as natural log, written into ``output``."""
+    import torch
+
+    top = torch.maximum(prefix_lse, suffix_lse).float()
+    p, s = (torch.exp(lse.float() - top).T.unsqueeze(-1) for lse in (prefix_lse, suffix_lse))
+    return output.copy_((prefix.float() * p + suffix.float() * s) / (p + s))
+
+
+LSE_REQUESTS = ((64, 100), (2000, 128))  # (cached prefix, new tokens) per request
+
+
+def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
+    """vLLM's own functions that return FlashInfer's LSE to a merge (#52796), patched and as
+    released, on requests with a cached prefix, their outputs merged as ``merge_attn_states``
+    merges them, against float64; then ``revert()``. ``vllm-mla-flashinfer-lse``: the MLA prefill
+    backend's new-token and context-chunk runs (ragged wrappers, qk 192 / v 128); control: the
+    new-token run without LSE. ``vllm-dcp-prefill-lse``: ``BatchDCPPrefillWrapper.run`` at DCP world
+    size 1 (paged context + ragged new tokens)."""
+    import torch
+
+    mla = patch_id != "vllm-dcp-prefill-lse"
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["new_tokens", "context_chunk"] if mla else ["run"], fi)
+    if not pairs:
+        return rows
+    calls, bf16, gen = Calls(pairs[0][0].__code__.co_filename), torch.bfloat16, torch.Generator(device=device).manual_seed(seed)
+    qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
+    # DeepSeek's MLA prefill: 16 heads, qk 192 (nope 128 + rope 64), v 128; DCP: the sink checks' shapes
+    heads, kv_heads, dk, dv = (16, 16, 192, 128) if mla else (NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM)
+    q, k, v = (torch.randn(qo[-1], h, d, generator=gen, device=device).to(bf16) for h, d in
+               ((heads, dk), (kv_heads, dk), (kv_heads, dv)))
+    sm_scale, out = dk ** -0.5, torch.empty(len(q), heads, dv, dtype=bf16, device=device)
+    ragged = calls.watch("new tokens", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+    ragged.plan(qo, qo, heads, kv_heads, dk, head_dim_vo=dv, causal=True, sm_scale=sm_scale, q_data_type=bf16)
+    saved = {}
+    if mla:  # the context's K/V as the MLA prefill gathers them: ragged, one chunk
+        ctx = torch.tensor([0, *itertools.accumulate(p for p, _ in requests)], dtype=torch.int32)
+        kc, vc = (torch.randn(ctx[-1], heads, d, generator=gen, device=device).to(bf16) for d in (dk, dv))
+        chunk = calls.watch("context chunk", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+        chunk.plan(qo, ctx, heads, heads, dk, head_dim_vo=dv, causal=False, sm_scale=sm_scale, q_data_type=bf16)
+        prefix_kv = lambda i: (kc[ctx[i]:ctx[i + 1]].double(), vc[ctx[i]:ctx[i + 1]].double())
+        owner = object.__new__(getattr(module, pairs[0][0].__qualname__.split(".")[0]))  # the backend, or MLACommonImpl
+        prefill = object.__new__(module.__dict__.get("FlashInferPrefillMetadata") or type("M", (), {}))  # 0.20 reads it
+        for o in (owner, prefill):
+            o.__dict__.update(_prefill_main=ragged, _prefill_chunks=[chunk], prefill_main=ragged, prefill_chunks=[chunk])
+        values = dict(prefill=prefill, chunk=types.SimpleNamespace(index=0), chunk_idx=0, q=q)
+
+        def run(funcs, lse=True):
+            (new, calls_new, e1), (old, calls_old, e2) = (drive(f, (owner,), _args(f, k=kk, v=vv, return_softmax_lse=lse,
+                                                                                   **values), calls)
+                                                          for f, kk, vv in zip(funcs, (k, kc), (v, vc)))
+            if not lse or e1 or e2:
+                return new, calls_new + calls_old, e1 or e2, None
+            return _merge_ln(out.clone(), old[0], old[1], new[0], new[1]), calls_new + calls_old, None, None
+    else:  # the DCP context: a paged cache holding the prefix, planned non-causal as BatchDCPPrefillWrapper.plan does
+        cache = PagedBatch([(n, p) for p, n in requests], seed=seed, device=device)
+        paged = calls.watch("context", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+        paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, heads, kv_heads, dk, cache.page_size,
+                   causal=False, sm_scale=sm_scale, q_data_type=bf16, kv_data_type=bf16)
+        q, prefix_kv = cache.q, lambda i: (cache.request_kv(i, "k"), cache.request_kv(i, "v"))
+        wrapper = object.__new__(module.BatchDCPPrefillWrapper)
+        # world size 1: the all-gather and the LSE combine across ranks are identities
+        wrapper.__dict__.update(_context=paged, _new_tokens=ragged, _dcp_combine=lambda o, lse, group, return_lse: (o, lse))
+        saved = _provide(module, {"get_dcp_group": lambda: types.SimpleNamespace(all_gather=lambda t, dim: t)},
+                         {"merge_attn_states": _merge_ln})
+        layer = types.SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
+
+        def run(funcs):
+            o, took, error = drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
+            return o, took, error, None
+
+    ref = _prefix_reference(q, k, v, qo, prefix_kv, sm_scale)
+    live, original = zip(*pairs)
+    base = dict(head, requests=[list(r) for r in requests], heads=[heads, kv_heads], head_dim=[dk, dv])
+    try:
+        released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live,
+                         lambda o, _: rel_l2(o, ref))
+        if mla:
+            _pair(rows, dict(base, case="control: new tokens without LSE"), run, original, live, lse=False)
+        return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
+    finally:
+        module.__dict__.update(saved)
+
+
+# --- SGLang's prefill planning: FlashInferIndicesUpdaterPrefill ----------------------------------
+
+SWA_REQUESTS, SWA_WINDOW = ((100, 37), (500, 128), (64, 300)), 128  # (cached prefix, new tokens); window
+
+
+def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, head_dim=128, seed=0, fi=None):
+    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` on a
+    ragged extend over a cached prefix whose extend slots hold garbage (their K/V are written after
+    the paged pass), against float64; then ``revert()``. ``sglang-swa-full-attn-ragged-prefix``:
+    ``update_sliding_window`` plans the two wrappers of a sliding-window model, a full-attention
+    layer runs (wrapper 1); control: the paged-only extend. ``sglang-per-layer-heads-plan``: the
+    updater's ``__init__`` reads the model's head counts ([16, 32] per layer), its
+    ``update_single_wrapper`` plans, the 32-head layer runs; control: a model without per-layer counts."""
+    import collections
+    import torch
+
+    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")
+    swa = patch_id == "sglang-swa-full-attn-ragged-prefix"
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["update_sliding_window" if swa else "Prefill.__init__"], fi)
+    if not pairs:
+        return rows
+    (live, original), = pairs
+    calls, bs, i32, bf16 = Calls(live.__code__.co_filename), len(requests), torch.int32, torch.bfloat16
+    cache = PagedBatch([(n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    heads = NUM_QO_HEADS * (1 if swa else 2)
+    q, k, v = (torch.randn(len(cache.q), h, head_dim, generator=gen, device=device).to(bf16)
+               for h in (heads, NUM_KV_HEADS, NUM_KV_HEADS))
+    prefix = torch.tensor([p for p, _ in requests], dtype=i32, device=device)
+    seq = prefix + torch.tensor([n for _, n in requests], dtype=i32, device=device)
+    req_to_token = torch.zeros(bs, int(seq.max()), dtype=i32, device=device)
+    for i, (p, _) in enumerate(requests):  # the request's slots; its extend slots hold garbage until written
+        slots = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
+        req_to_token[i, :len(slots)] = slots
+        for c in (cache.k_cache, cache.v_cache):
+            c[slots[p:].long()] = 30.0
+
+    def gather(table, rows, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
+        for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist())):
+            s = 0 if start is None else int(start[i])
+            out[int(indptr[i]):int(indptr[i]) + n] = table[r, s:s + n]
+
+    # where the slots are read from: self.req_to_token (to 0.5.18), a KVIndexTable (0.5.19), its translator (0.5.20)
+    view = types.SimpleNamespace(is_translated=False, ids=req_to_token, row_ids=torch.arange(bs, device=device),
+                                 row_stride=req_to_token.shape[1], entry_page_size=1)
+    table = types.SimpleNamespace(reads_are_translated=False, fill_packed_read_stream=lambda req_pool_indices, seq_lens,
+                                  indptr, total_tokens, out, kv_start_idx, **_: gather(
+                                      req_to_token, req_pool_indices, seq_lens, indptr, kv_start_idx, out))
+    saved = _provide(module, stand_in_only={
+        "create_flashinfer_kv_indices_triton": collections.defaultdict(lambda: gather), "get_attention_tp_size": lambda: 1,
+        "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=1),
+        "get_forward_context": lambda: None})  # 0.5.10: None outside a piecewise CUDA graph
+    cls = module.FlashInferIndicesUpdaterPrefill
+    # what the updater holds (SWA: set here; per-layer heads: read by its own __init__ from these two)
+    backend = types.SimpleNamespace(kv_index_translator=table, dq_paged_kernel_lens=None, dispatch_reason=None, page_size=1,
+                                    num_wrappers=1, flashinfer_kv_cache_dtype=bf16, _swa_kv_pool=None,
+                                    kv_last_page_len=torch.ones(bs, dtype=i32, device=device))
+    runner = types.SimpleNamespace(kv_cache_dtype=bf16, dtype=bf16, sliding_window_size=window if swa else None,
+                                   req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+                                   token_to_kv_pool_allocator=None)
+
+    def run(func, use_ragged=True, per_layer=(NUM_QO_HEADS, 2 * NUM_QO_HEADS)):
+        workspace, names = _workspace(device), ("forward", "forward_return_lse", "begin_forward")
+        wrappers = [calls.watch("paged " + n, fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2"), names)
+                    for n in (("swa", "full") if swa else ("",))]
+        backend.__dict__.update(kv_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in wrappers],
+                                qo_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in wrappers],
+                                prefill_wrapper_ragged=calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(
+                                    workspace, "NHD", backend="fa2"), names))
+        runner.model_config = types.SimpleNamespace(
+            num_attention_heads=NUM_QO_HEADS, head_dim=head_dim, get_num_kv_heads=lambda tp: NUM_KV_HEADS,
+            hf_text_config=types.SimpleNamespace(num_attention_heads_per_layer=per_layer))
+        updater = object.__new__(cls)
+        if swa:
+            updater.__dict__.update(
+                backend.__dict__, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, data_type=bf16,
+                q_data_type=bf16, sliding_window_size=window, req_to_token=req_to_token, token_to_kv_pool_allocator=None,
+                attn_backend=backend)
+            update, took, error = func, [], None
+        else:
+            _, took, error = drive(func, (updater, runner, backend), {}, calls)
+            update = cls.update_single_wrapper
+        if not error:
+            _, more, error = drive(update, (updater,), _args(
+                update, req_pool_indices=torch.arange(bs, device=device), seq_lens=seq, seq_lens_cpu=seq.cpu(),
+                seq_lens_sum=int(seq.sum()), prefix_lens=prefix, prefill_wrappers=wrappers, use_ragged=use_ragged,
+                encoder_lens=None, spec_info=None, extend_prefix_lens_cpu=prefix.tolist(), kv_view=view), calls)
+            took += more
+        if error:
+            return None, took, error, None
+        out, more, error = _extend(module, module.FlashInferAttnBackend.forward_extend, calls, wrappers,
+                                   backend.prefill_wrapper_ragged, cache, q, k, v, use_ragged, heads=heads)
+        return out, took + more, error, None
+
+    ref = _prefix_reference(q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"),
+                            head_dim ** -0.5)
+    base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
+    try:
+        released = _pair(rows, dict(base, case="ragged extend over a cached prefix, %s layer" % (
+            "full-attention" if swa else "32-head")), run, original, live, lambda o, _: rel_l2(o, ref))
+        _pair(rows, dict(base, case="control: " + ("paged-only extend" if swa else "a model without per-layer head "
+                                                   "counts")), run, original, live, **(
+            dict(use_ragged=False) if swa else dict(per_layer=None)))
+        return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
+    finally:
+        module.__dict__.update(saved)
+
+
 # --- (c) sink wrappers of different configurations in one process -----------------------------
 
 
@@ -576,4 +798,4 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     return {"rows": rows, "flashfix_warnings": messages}
 
 
-__all__ = ["sglang_fp8", "vllm_sink", "sink_sequence", "reference", "rel_l2", "engine_module"]
+__all__ = ["sglang_fp8", "sglang_plan", "vllm_sink", "vllm_lse", "sink_sequence", "reference", "rel_l2", "engine_module"]
