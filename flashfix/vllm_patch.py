@@ -366,3 +366,43 @@ KNOWN = (Known(
                after="trtllm_batch_decode_with_kv_cache(**$$$KW, multi_ctas_kv_counter_buffer=$SELF._counter)",
                fixed_if="trtllm_batch_decode_with_kv_cache($$$_, multi_ctas_kv_counter_buffer=$_, **$$$_)"),
 ),)
+
+
+# --- MoE and crash fixes ------------------------------------------------------------------------
+
+TRTLLM_FP8_SWIGLU = dict(  # upstream's 0.29.0 form (tests derive the pre-fix shape from it)
+    module="vllm.model_executor.layers.fused_moe.experts.trtllm_fp8_moe",
+    function="TrtLlmFp8ExpertsBase.is_supported_config",
+    before="""
+if not $OK or $CFG.num_experts <= 2048:
+    return $OK, $WHY
+return False, $TOO_MANY""",
+    after="""
+if not $OK:
+    return $OK, $WHY
+if ($CFG.swiglu_limit is not None or $CFG.swiglu_alpha is not None or $CFG.swiglu_beta is not None) and (
+        weight_key, activation_key) != (kMxfp8Static, kMxfp8Dynamic):
+    return False, "the TRTLLM FP8 kernels apply the SwiGLU alpha/beta/clamp parameters only for MXFP8 weights"
+if $CFG.num_experts > 2048:
+    return False, $TOO_MANY
+return True, None""")
+
+TRTLLM_FP8_SWIGLU_GATE = Backport(
+    id="vllm-trtllm-fp8-moe-swiglu-gate", engine="vllm", versions=">=0.28", fixed_in="0.29.0",
+    upstream="https://github.com/vllm-project/vllm/pull/54160", **TRTLLM_FP8_SWIGLU,
+    fixed_if="$_.swiglu_limit is not None",  # 0.30.0 (vLLM #55069) also admits DeepSeek-FP8
+    absent_unless_mentioned="is_supported_config",
+    fixed="{name} refuses a SwiGLU clamp/alpha/beta it cannot apply",
+    buggy="{name} (line {line}) admits models with a SwiGLU clamp/alpha/beta on every FP8 scheme",
+    summary="TRT-LLM FP8 MoE is not selected for a model with a SwiGLU clamp/alpha/beta unless its weights are MXFP8",
+    doc="""Why: the TRT-LLM FP8 MoE experts are chosen for models whose config sets swiglu_limit/alpha/
+    beta, but only FlashInfer's MXFP8 kernel applies them: the per-tensor kernel has no clamp
+    (silently unclamped SwiGLU, wrong output) and FlashInfer 0.6.16's DeepSeek-FP8 kernel raises on
+    one. How: is_supported_config refuses such a model unless its weights are MXFP8, so vLLM's oracle
+    picks another MoE backend, as upstream. Affected: 0.28.0, the only release where the class
+    defines is_supported_config (0.22.0 to 0.27.1 inherit the generic one: the same selection, not
+    carried). Open above: a later build with the pre-fix shape loses nothing by falling back.
+
+    Delete when: flashfix no longer supports vLLM 0.28.""")
+
+PATCHES += (TRTLLM_FP8_SWIGLU_GATE,)

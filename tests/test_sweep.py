@@ -56,6 +56,7 @@ EXPECTED = {
     ("sglang", "0.5.17"): _sglang("patch", "patch", "patch", "fixed-upstream", "fixed-upstream", "patch"),
     ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream",
                                   "fixed-upstream", "patch"),
+    ("sglang", "0.5.19"): _sglang(*["fixed-upstream"] * 5, "patch"),
     ("sglang", "0.5.20"): _sglang(*["fixed-upstream"] * 5, "patch"),
     ("sglang", "0.5.21"): _sglang(*["fixed-upstream"] * 6),
     ("vllm", "0.20.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill in mla_attention.py
@@ -70,6 +71,12 @@ EXPECTED = {
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
+CLAMP, GATE = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate"
+for _key, _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins FlashInfer 0.6.17)
+    _verdicts.update({("sglang", "0.5.18"): {CLAMP: "known-unfixed"}, ("sglang", "0.5.19"): {CLAMP: "patch"},
+                      ("vllm", "0.28.0"): {GATE: "patch"},
+                      ("vllm", "0.30.0"): {GATE: "fixed-upstream"}}.get(_key) or (
+        {CLAMP: "not-affected"} if _key[0] == "sglang" else {GATE: "not-affected"} if _key[0] == "vllm" else {}))
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 
