@@ -296,3 +296,28 @@ for $N, $V in (("gemm1_alpha", $C.gemm1_alpha), ("gemm1_beta", $C.gemm1_beta), (
     Delete when: flashfix no longer supports SGLang older than 0.5.20.""")
 
 PATCHES += (TRTLLM_FP8_SWIGLU_LIMIT,)
+
+
+# --- cross-attention decode planned with the decoder's lengths (fixed in SGLang 0.5.10) -----------
+
+CROSS_ATTN_DECODE_PLAN = Backport(
+    id="sglang-cross-attn-decode-plan-lens", engine="sglang", versions=">=0.5.1", fixed_in="0.5.10",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.9...v0.5.10",
+    module=_BACKEND, function="FlashInferIndicesUpdaterDecode.update_cross_attention",
+    before="$SELF.call_begin_forward($$$A, seq_lens_cpu=seq_lens_cpu, **$$$KW)",
+    after="$SELF.call_begin_forward($$$A, seq_lens_cpu=seq_lens_cpu if wrapper_id == 0 else encoder_lens.cpu(), **$$$KW)",
+    fixed_if="$_.call_begin_forward($$$_, seq_lens_cpu=kv_lens_cpu, **$$$_)",  # upstream names the lengths
+    buggy="{name} (line {line}) plans the cross-attention wrapper with the decoder's CPU lengths",
+    summary="FlashInfer decode of encoder-decoder models: the cross-attention wrapper is planned with the encoder "
+            "lengths, not the decoder's",
+    doc="""Why: for encoder-decoder (cross-attention) models, ``update_cross_attention`` plans two decode
+    wrappers, the decoder's own tokens (wrapper 0) and the encoder's (wrapper 1), but hands both the
+    decoder's ``seq_lens_cpu``. Under CUDA graphs the wrappers plan through FlashInfer's
+    ``fast_decode_plan``, which takes those CPU lengths as the KV layout it schedules (split-KV
+    tiles): the encoder wrapper's work is sized for the decoder's lengths, so encoder KV beyond them
+    is not scheduled (mllama-style models: silently wrong cross-attention; read from FlashInfer's
+    plan, not measured on a GPU). How: wrapper 1 gets the encoder lengths on the CPU, as upstream. Affected: 0.5.1 to 0.5.9 (0.5.10 passes ``kv_lens_cpu`` per wrapper; PR not identified).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.10.""")
+
+PATCHES += (CROSS_ATTN_DECODE_PLAN,)

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from packaging.version import Version
 
 from conftest import REPO, RESULT
 
@@ -77,6 +78,10 @@ for _key, _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins Fl
                       ("vllm", "0.28.0"): {GATE: "patch"},
                       ("vllm", "0.30.0"): {GATE: "fixed-upstream"}}.get(_key) or (
         {CLAMP: "not-affected"} if _key[0] == "sglang" else {GATE: "not-affected"} if _key[0] == "vllm" else {}))
+XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
+for (_dist, _version), _verdicts in EXPECTED.items():
+    if _dist == "sglang":
+        _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 
