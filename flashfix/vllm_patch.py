@@ -406,3 +406,32 @@ TRTLLM_FP8_SWIGLU_GATE = Backport(
     Delete when: flashfix no longer supports vLLM 0.28.""")
 
 PATCHES += (TRTLLM_FP8_SWIGLU_GATE,)
+
+
+# --- FlashInfer workspace sized for the prefill chunk's heads (fixed in vLLM 0.26.0) -------------
+
+WORKSPACE_SIZE = Backport(
+    id="vllm-prefill-workspace-size", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    module=TARGET, function=BUILDER + "._get_workspace_buffer", fixed_if="$B = max($B, $_)",
+    buggy="{name} (line {line}) allocates the fixed default workspace whatever the prefill chunk's heads",
+    before="""
+if envs.VLLM_BATCH_INVARIANT:
+    $B = $BI""",
+    after="""
+if envs.VLLM_BATCH_INVARIANT:
+    $B = $BI
+else:
+    $B = max($B, $SELF.vllm_config.scheduler_config.max_num_batched_tokens * $SELF.num_qo_heads * $SELF.head_dim * 16)""",
+    summary="the FlashInfer workspace is at least max_num_batched_tokens x query heads x head_dim x 16 bytes, so "
+            "wide-head models do not overflow it at prefill",
+    doc="""Why: FlashInfer's prefill temporaries grow with the prefill chunk's tokens x query heads x
+    head_dim, but the builder allocates the fixed default workspace (VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
+    ~394 MiB): a wide-head model at the default 8192-token chunk outgrows it, and FlashInfer raises
+    instead of growing it (seen on SM120): the engine fails at its first large prefill.
+    How: outside batch-invariant mode the workspace is the larger of the default and that estimate
+    (16 bytes an element, as upstream). Affected: 0.20.0 to 0.25.1 (0.26.0 sizes it; PR not identified).
+
+    Delete when: flashfix no longer supports vLLM older than 0.26.0.""")
+
+PATCHES += (WORKSPACE_SIZE,)

@@ -78,10 +78,13 @@ for _key, _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins Fl
                       ("vllm", "0.28.0"): {GATE: "patch"},
                       ("vllm", "0.30.0"): {GATE: "fixed-upstream"}}.get(_key) or (
         {CLAMP: "not-affected"} if _key[0] == "sglang" else {GATE: "not-affected"} if _key[0] == "vllm" else {}))
+WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
+    if _dist == "vllm":
+        _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 
