@@ -73,11 +73,13 @@ EXPECTED = {
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
 CLAMP, GATE = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate"
-for _key, _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins FlashInfer 0.6.17)
-    _verdicts.update({("sglang", "0.5.18"): {CLAMP: "known-unfixed"}, ("sglang", "0.5.19"): {CLAMP: "patch"},
-                      ("vllm", "0.28.0"): {GATE: "patch"},
-                      ("vllm", "0.30.0"): {GATE: "fixed-upstream"}}.get(_key) or (
-        {CLAMP: "not-affected"} if _key[0] == "sglang" else {GATE: "not-affected"} if _key[0] == "vllm" else {}))
+for (_dist, _version), _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins FlashInfer 0.6.17)
+    if _dist == "sglang":
+        _verdicts[CLAMP] = {"0.5.18": "known-unfixed", "0.5.19": "patch"}.get(_version, "not-affected" if Version(
+            _version) < Version("0.5.18") else "fixed-upstream")
+    if _dist == "vllm":
+        _verdicts[GATE] = "not-affected" if Version(_version) < Version("0.28") else "patch" if Version(
+            _version) < Version("0.29") else "fixed-upstream"
 WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 for (_dist, _version), _verdicts in EXPECTED.items():
