@@ -435,3 +435,44 @@ else:
     Delete when: flashfix no longer supports vLLM older than 0.26.0.""")
 
 PATCHES += (WORKSPACE_SIZE,)
+
+
+# --- vLLM PR #53111: XQA decode given a head_dim it cannot serve --------------------------------
+
+_DECODE_KERNEL = pattern("$_.flashinfer_trtllm_api_decode_kernel")
+
+
+def _xqa_decode(tree, func):
+    """Before 0.25 the builder chooses no XQA decode kernel (nothing to fall back from). Only the
+    function is read: walking the module would parse all of its runs (+0.4 MiB on vLLM 0.28.0)."""
+    return {} if find(_DECODE_KERNEL, [func]) else Shape(
+        ABSENT, "%s.__init__ chooses no FlashInfer decode kernel (no XQA decode in this release)" % BUILDER)
+
+
+XQA_HEAD_DIM = Backport(
+    id="vllm-xqa-head-dim", engine="vllm", versions=">=0.25", fixed_in="0.29.0",
+    upstream="https://github.com/vllm-project/vllm/pull/53111",
+    module=TARGET, function=BUILDER + ".__init__", context=_xqa_decode,
+    before="$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL",
+    after="""
+$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL
+if $SELF.flashinfer_trtllm_api_decode_kernel == FlashInferDecodeKernel.XQA and not (
+        16 <= $SELF.head_dim <= 256 and $SELF.head_dim % 16 == 0):
+    logger.warning_once("flashfix: XQA decode cannot serve head_dim=%d; native FlashInfer decode is used for this "
+                        "KV-cache group", $SELF.head_dim)
+    $SELF.use_trtllm_decode_attention = False
+    $SELF.flashinfer_trtllm_api_decode_kernel = None""",
+    fixed_if=("16 <= $_.head_dim <= 256", "_is_xqa_head_dim_supported($_)"),
+    buggy="{name} (line {line}) chooses XQA decode whatever the head_dim",
+    summary="FlashInfer decode falls back from XQA to the native kernel for KV-cache groups whose head_dim XQA "
+            "cannot serve (16 to 256, a multiple of 16)",
+    doc="""Why: the builder picks the XQA decode kernel (SM90; SM12x from 0.28) for every KV-cache group,
+    but FlashInfer's XQA takes head_dim 16 to 256 in steps of 16: a model with wider heads (Gemma 4's
+    global-attention layers, head_dim 512) fails at engine start ("Invalid head_dim: 512").
+    How: right after the kernel is chosen, a group whose head_dim XQA cannot serve is given native
+    FlashInfer decode (one warning), as upstream; other groups keep XQA. Affected: 0.25.0 (the first
+    release with XQA decode) to 0.28.0; 0.30.0 moved the test to _is_xqa_head_dim_supported.
+
+    Delete when: flashfix no longer supports vLLM older than 0.29.0.""")
+
+PATCHES += (XQA_HEAD_DIM,)

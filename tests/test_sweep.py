@@ -80,12 +80,15 @@ for (_dist, _version), _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0
     if _dist == "vllm":
         _verdicts[GATE] = "not-affected" if Version(_version) < Version("0.28") else "patch" if Version(
             _version) < Version("0.29") else "fixed-upstream"
+XQA = "vllm-xqa-head-dim"  # vLLM #53111: XQA decode from 0.25.0, fixed in 0.29.0
 WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
     if _dist == "vllm":
+        _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
+                          "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
         _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
