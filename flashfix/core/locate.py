@@ -176,7 +176,10 @@ def _metadata_version(text):
     from email.parser import HeaderParser
 
     headers = HeaderParser().parsestr(text.replace("\r\n", "\n").partition("\n\n")[0])  # the body is no header
-    return headers.get("Name"), headers.get("Version")
+    import textwrap  # continuation lines dedented, as importlib.metadata reads them
+
+    redent = lambda v: v if not v or "\n" not in v else textwrap.dedent(" " * 8 + v)  # noqa: E731
+    return redent(headers.get("Name")), redent(headers.get("Version"))
 
 
 class ZipReader:
