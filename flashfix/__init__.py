@@ -18,19 +18,12 @@ since); for a watched module it asks the other finders for the real spec and wra
 so that, once the module's code has run, the module's callbacks run. The wrapper looks like the
 real loader to everything but ``type()`` (``isinstance``, equality, ``__dict__``; a copy or
 pickle of it is the real loader) and puts the real loader back on the module and its spec.
-A module already imported gets its callbacks at once; a reload runs them again.
-
-The rest of this module's documentation is the comment block below.
+A module already imported gets its callbacks at once, a reload runs them again, and one still
+being imported (flashfix activated from inside its import, by a plugin loader, or in another
+thread) gets them when its import ends (``_watch``). Nothing is ever decided, probed or imported
+from a finder. A callback that raises is contained (reported through ``on_error``) unless it
+raises ``HookAbort``: under strict mode any failure of a callback fails the import.
 """
-# A module still being imported when a callback is registered (flashfix activated from inside
-# its import, by a plugin loader, or in another thread) gets them when its import ends, in the
-# thread that imports it: the import system's last step sets ``spec._initializing = False``, and
-# that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
-# calls back (see ``_watch``). That runs under the module's own import lock only, never under the
-# global import lock, and an exception raised there is raised by that import. Nothing is ever
-# decided, probed or imported from a finder. A callback that raises is contained (reported
-# through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
-# fail loudly; under strict mode any failure of a callback does.
 
 import _imp
 import _thread  # not threading: threading pulls functools and collections into every start
@@ -98,16 +91,20 @@ def _call(name, callback, module):
 
 
 def _take(name):
-    """Under ``_lock``: every callback of ``name``, which is about to run them all; a watch on
-    the end of its import becomes redundant."""
+    """Under ``_lock``: every callback of ``name``, about to run them all (a watch on its import's end is dropped)."""
     _deferred.pop(name, None)
     _unwatch(name)
     return list(_callbacks.get(name, ()))
 
 
 def _run(name, module, callbacks):
-    for callback in callbacks:
-        _call(name, callback, module)
+    try:
+        for callback in callbacks:
+            _call(name, callback, module)
+    except HookAbort:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]  # as for any failed import: the next import runs it, and is judged, again
+        raise
 
 
 _executed = set()  # names whose code has run and whose callbacks are running (still "initializing")
@@ -116,9 +113,8 @@ _executed = set()  # names whose code has run and whose callbacks are running (s
 def _complete(name):
     """``name`` is imported and its code has run (true inside its own post-import callbacks)."""
     module = sys.modules.get(name)
-    if module is None:
-        return False
-    return name in _executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and (name in _executed or not getattr(spec, "_initializing", False))
 
 
 # Watching the end of an import already in progress. The import system marks a module being
@@ -196,12 +192,7 @@ def _import_finished(spec):
             return  # the import failed: the callbacks stay registered for the next one
         if callbacks is _ALL:
             callbacks = list(_callbacks.get(name, ()))
-    try:
-        _run(name, current, callbacks)
-    except HookAbort:
-        if sys.modules.get(name) is current:
-            del sys.modules[name]  # as for any failed import: the next import runs it, and is judged, again
-        raise
+    _run(name, current, callbacks)
 
 
 def flush():
@@ -216,12 +207,9 @@ def flush():
             del _deferred[name]  # its import failed; its callbacks stay registered for the next one
         ready = [(name, list(_callbacks.get(name, ())) if c is _ALL else c) for name, c in ready]
     for name, callbacks in ready:
-        module = sys.modules.get(name)
         try:
-            _run(name, module, callbacks)
+            _run(name, sys.modules.get(name), callbacks)
         except HookAbort as exc:
-            if sys.modules.get(name) is module:
-                del sys.modules[name]
             on_error(name, exc)
 
 
@@ -245,10 +233,8 @@ def _to_front(finder):
 
 
 class _Loader:
-    """Delegates to the real loader, then runs the module's post-import callbacks. Looks like
-    the real loader to everything but ``type()``: ``__class__`` and ``isinstance``, ``__dict__``
-    and so equality, hash, repr, attributes set on it; a copy or pickle of it is a copy of the
-    real loader."""
+    """Delegates to the real loader, then runs the module's post-import callbacks; looks like the
+    real loader to everything but ``type()`` (the module docstring)."""
 
     __slots__ = ("_loader", "_name")
 
