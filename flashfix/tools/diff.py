@@ -4,24 +4,16 @@ Nothing of the engine is imported: as for ``flashfix doctor``, the source is rea
 current reader (this interpreter, ``--path`` or ``--python``) and each patch that the doctor
 says would apply is planned from that source alone:
 
-* a rewritten function (``_registry.rewrite``): the patch's own AST edit is run on the def
-  node read from the source, and ``_source.render_edit`` writes the result back as text: the
-  installed text with only what changed rewritten, in the engine's and the declaration's
-  spelling (``flashfix.core.render``). That is the very text the
-  runtime compiles (``_source.rewrite`` compiles from ``render_edit``'s output), so the diff
-  printed is the code that runs. The one-time marker statement (``__flashfix_mark__``),
-  present until the rewritten code first runs, is named in the header; ``--marker`` shows
-  the code with it.
+* a rewritten function (``_registry.rewrite``): the patch's own AST edit run on the def node
+  read from the source, written back as text by ``_source.render_edit`` (``flashfix.core.render``),
+  the very text the runtime compiles, so the diff printed is the code that runs. The one-time
+  marker statement (``__flashfix_mark__``) is named in the header; ``--marker`` shows it.
 * a replaced function or an added name (``_registry.SetAttr``): the replacement's source in
   flashfix, and the installed function it delegates to, with file and lines.
 
-The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
-is the same edit made from source: each ``Patch`` carries its own ``plan(planner)`` (a
-declarative backport's is derived from its patterns, ``flashfix.semantic``), which runs the
-patch's own edits through ``Planner``, their questions about the imported modules asked of the
-source instead. Nothing here knows any engine. A test compiles the printed result and compares it
-with the code the runtime swaps in, on the real releases, so a plan that drifted from its patch
-fails there.
+A plan is the edit the runtime's ``prepare`` makes from imported modules, made from source: each
+``Patch``'s own ``plan(planner)`` runs its edits through ``Planner``. Nothing here knows any engine;
+a test compares the printed result, compiled, with the code the runtime swaps in on real releases.
 """
 
 import ast
@@ -29,6 +21,7 @@ import copy
 import difflib
 import inspect
 import sys
+from collections import namedtuple
 
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
@@ -37,30 +30,20 @@ from flashfix.core.render import _lines
 from flashfix.core.source import ShapeError
 
 
-class Rewrite:
-    kind = "rewrite"
-
-    def __init__(self, patch_id, module, qualname, origin, text, rendered, site, edited):
-        self.patch_id, self.module, self.qualname = patch_id, module, qualname
-        self.origin, self.text, self.rendered, self.site = origin, text, rendered, site
-        self.edited = edited  # the def node after the edit (markers included)
+class Rewrite(namedtuple("Rewrite", "patch_id module qualname origin text rendered site edited")):
+    kind = "rewrite"  # edited: the def node after the edit (markers included)
 
 
-class Replace:
+class Replace(namedtuple("Replace", "module owner name replacement call delegate")):
+    """``replacement``: the flashfix function whose source is shown; ``call``: how the runtime builds
+    the value, e.g. "_wrap_init(<the installed __init__>, ...)"; ``delegate``: the ``Location`` of the
+    installed function it calls, or None."""
+
     kind = "replace"
 
-    def __init__(self, module, owner, name, replacement, call, delegate):
-        self.module, self.owner, self.name = module, owner, name
-        self.replacement = replacement  # the flashfix function whose source is shown
-        self.call = call  # how the runtime builds the value, e.g. "_wrap_init(<the installed __init__>, ...)"
-        self.delegate = delegate  # Location of the installed function it calls, or None
 
-
-class AddName:
+class AddName(namedtuple("AddName", "module origin name value defined")):
     kind = "add-name"
-
-    def __init__(self, module, origin, name, value, defined):
-        self.module, self.origin, self.name, self.value, self.defined = module, origin, name, value, defined
 
 
 class Location:
@@ -188,9 +171,8 @@ class Planner:
         edited = copy.deepcopy(node)
         edit(edited, _source.marker(site))
         rendered = _source.render_edit(found.text, node, edited, found.origin)
-        change = Rewrite(self.patch_id, module, qualname, found.origin, found.text, rendered, site, edited)
-        self.changes.append(change)
-        return change
+        self.changes.append(Rewrite(self.patch_id, module, qualname, found.origin, found.text, rendered, site, edited))
+        return self.changes[-1]
 
     def replace(self, module, owner, name, replacement, call, delegate=None):
         where = locate(module, delegate) if delegate else None
@@ -255,14 +237,6 @@ def _marker_lines(rendered):
             if _source.MARK_NAME in line and line not in plain]
 
 
-def _replacement_source(func):
-    try:
-        lines, first = inspect.getsourcelines(func)
-    except (OSError, TypeError):
-        return None, None, None
-    return inspect.getsourcefile(func), first, lines
-
-
 def write(diffs, out, marker=False):
     problems = 0
     for result in diffs:
@@ -312,31 +286,28 @@ def _write_rewrite(change, out, marker):
 
 
 def _write_replace(change, out):
-    file, first, lines = _replacement_source(change.replacement)
     out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
               % (change.module, change.owner, change.name, change.call))
     if change.delegate is not None:
         out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not handle\n"
                   % (change.delegate.qualname, change.delegate.where()))
-    if lines is None:
+    try:
+        (lines, first), file = inspect.getsourcelines(change.replacement), inspect.getsourcefile(change.replacement)
+    except (OSError, TypeError):
         out.write("# (the source of %r is not available)\n" % (change.replacement,))
         return
-    last = first + len(lines) - 1
-    out.write("--- %s.%s.%s (installed: %s)\n" % (change.module, change.owner, change.name,
-                                                  change.delegate.where() if change.delegate else "-"))
-    out.write("+++ %s lines %d-%d\n" % (file, first, last))
-    out.write("@@ -0,0 +%d,%d @@\n" % (first, len(lines)))
+    out.write("--- %s.%s.%s (installed: %s)\n+++ %s lines %d-%d\n@@ -0,0 +%d,%d @@\n" % (
+        change.module, change.owner, change.name, change.delegate.where() if change.delegate else "-", file, first,
+        first + len(lines) - 1, first, len(lines)))
     out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
 
 
 def _write_add_name(change, out):
     where = change.defined.origin + " line %d" % change.defined.first if change.defined else "its source not found"
     out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
-              % (change.module, change.name, change.value, where))
-    out.write("--- %s (module globals, installed)\n" % change.origin)
-    out.write("+++ %s (module globals, as flashfix runs it)\n" % change.origin)
-    out.write("@@ globals @@\n")
-    out.write("+%s = %s\n" % (change.name, change.value))
+              "--- %s (module globals, installed)\n+++ %s (module globals, as flashfix runs it)\n@@ globals @@\n"
+              "+%s = %s\n" % (change.module, change.name, change.value, where, change.origin, change.origin,
+                               change.name, change.value))
 
 
 def run(ids=None, reader=None, marker=False, out=None):
