@@ -1,16 +1,13 @@
-"""Numeric checks of the FlashInfer paths flashfix changes, run on the engines' own code, on a GPU,
-against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
-functions, never when this module loads.
+"""``flashfix verify``'s numeric checks, on a GPU, of the engines' own code against float64 computed
+from exactly the values the kernel reads (relative L2 errors of the whole output). torch and
+FlashInfer are imported inside the functions, never when this module loads.
 
-Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) takes the patched
-function objects of the engine (installed, or loaded from a wheel or tree by ``EngineModuleFinder``,
-the engine modules it imports replaced by stand-ins) and the original code flashfix keeps for
-``revert``, builds only the call's arguments (``self``, the layer, the batch or metadata, holding
-what the function reads), runs both on the same inputs, counts the FlashInfer calls made from the
-engine's file (``Calls``) and reports any stand-in the function read (``drive``: it cannot be
-driven). ``sink_sequence`` builds several sink wrappers in one process (the JIT kernel-name
-collision). Errors are relative L2 errors of the whole output against float64 computed from
-exactly the values the kernel reads.
+Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) runs the engine's
+patched functions (installed, or loaded from a wheel or tree by ``EngineModuleFinder`` with stand-in
+engine imports) and the original code kept for ``revert`` on the same inputs, building only what the
+function reads (``self``, the layer, the batch or metadata); it counts the FlashInfer calls made
+from the engine's file (``Calls``) and fails a function that read a stand-in (``drive``).
+``sink_sequence``: several sink wrappers in one process (the JIT kernel-name collision).
 """
 
 import functools
@@ -60,28 +57,21 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
     denominator only, as FlashInfer's AttentionSink variant does."""
     import torch
 
-    q, k, v = q.double(), k.double(), v.double()
-    n, hq, _ = q.shape
-    m, hkv, _ = k.shape
-    group = hq // hkv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("nhd,mhd->hnm", q, k) * sm_scale
+    (n, hq, _), (m, hkv, _) = q.shape, k.shape
+    k, v = (x.double().repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+    scores = torch.einsum("nhd,mhd->hnm", q.double(), k) * sm_scale
     pos = torch.arange(n, device=q.device)[:, None] + (m - n)
     key = torch.arange(m, device=q.device)[None, :]
     allowed = key <= pos
     if window_left >= 0:
         allowed &= pos - key <= window_left
     scores = scores.masked_fill(~allowed, -math.inf)
-    top = scores.amax(dim=-1, keepdim=True)
-    if sinks is not None:
-        sink = sinks.double().view(hq, 1, 1)
-        top = torch.maximum(top, sink)
+    # no sinks: a sink of -inf, which changes neither the maximum nor the denominator
+    sink = sinks.double().view(hq, 1, 1) if sinks is not None else torch.full(
+        (hq, 1, 1), -math.inf, dtype=torch.float64, device=q.device)
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
     weights = torch.exp(scores - top)
-    denom = weights.sum(dim=-1, keepdim=True)
-    if sinks is not None:
-        denom = denom + torch.exp(sink - top)
-    return torch.einsum("hnm,mhd->nhd", weights / denom, v)
+    return torch.einsum("hnm,mhd->nhd", weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top)), v)
 
 
 def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
@@ -123,22 +113,17 @@ class PagedBatch:
         total_pages = sum(pages_per)
         order = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
         shape = (total_pages, page_size, NUM_KV_HEADS, head_dim)
-        true_k = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-        true_v = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        true_k, true_v = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) for _ in "kv")
         # what the cache holds, and the values a correct read of it yields
-        self.k_cache = (true_k / k_scale).to(kv_dtype)
-        self.v_cache = (true_v / v_scale).to(kv_dtype)
-        self.k_read = self.k_cache.double() * k_scale
-        self.v_read = self.v_cache.double() * v_scale
+        self.k_cache, self.v_cache = (true_k / k_scale).to(kv_dtype), (true_v / v_scale).to(kv_dtype)
+        self.k_read, self.v_read = self.k_cache.double() * k_scale, self.v_cache.double() * v_scale
         self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
                              device=device).to(torch.bfloat16)
         self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
         self.qo_indptr = torch.tensor([0, *itertools.accumulate(n for n, _ in self.seqs)], dtype=torch.int32)
         self.kv_indptr = torch.tensor([0, *itertools.accumulate(pages_per)], dtype=torch.int32)
         last = [kv - (pages - 1) * page_size for (_, kv), pages in zip(self.seqs, pages_per)]
-        self.last_page_len = torch.tensor(last, dtype=torch.int32)
-        self.kv_indices = order
-        self.kv_dtype = kv_dtype
+        self.last_page_len, self.kv_indices, self.kv_dtype = torch.tensor(last, dtype=torch.int32), order, kv_dtype
 
     def request_kv(self, index, which):
         """float64 [kv_len, Hkv, D] of request ``index`` as a correct read sees it."""
@@ -150,12 +135,9 @@ class PagedBatch:
     def reference(self, sm_scale, window_left=-1):
         import torch
 
-        outs = []
-        for i, (n, _) in enumerate(self.seqs):
-            q = self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])]
-            outs.append(reference(q, self.request_kv(i, "k"), self.request_kv(i, "v"), sm_scale,
-                                  window_left=window_left, sinks=self.sinks))
-        return torch.cat(outs)
+        return torch.cat([reference(self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])], self.request_kv(i, "k"),
+                                    self.request_kv(i, "v"), sm_scale, window_left=window_left, sinks=self.sinks)
+                          for i in range(len(self.seqs))])
 
     def plan(self, wrapper, sm_scale, window_left):
         """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill."""
@@ -304,7 +286,8 @@ class Calls:
         return wrapper
 
     def take(self):
-        return [self.log.pop(0) for _ in list(self.log)]
+        taken, self.log = self.log, []
+        return taken
 
 
 def drive(func, args, kwargs, calls, allowed=()):
@@ -332,16 +315,16 @@ def _same(a, b):
 
 def _pair(rows, row, run, original, live, err=None, **kw):
     """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: their
-    errors against float64 (``err(output, case)``) or, for a control, whether they are bitwise
+    errors against float64 (``err(output, *what run gave after its error)``) or, for a control, whether they are bitwise
     equal; the FlashInfer calls and errors of each. Returns the released code's output."""
     t = time.time()
-    (o1, c1, e1, x1), (o2, c2, e2, x2) = run(original, **kw), run(live, **kw)
+    (o1, c1, e1, *x1), (o2, c2, e2, *x2) = run(original, **kw), run(live, **kw)
     row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1),
                bitwise_equal=_same(o1, o2))
     if err is None:
         row.update(control=True)
     else:
-        row.update(err_pre_fix=err(o1, x1), err_flashfix=err(o2, x2))
+        row.update(err_pre_fix=err(o1, *x1), err_flashfix=err(o2, *x2))
     rows.append(row)
     return o1
 
@@ -358,10 +341,8 @@ def _engine(patch_id, path, functions, fi):
     pairs = [live_and_original(record, f) for f in functions]
     head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
                            for _, o in pairs])
-    if fi is None:
-        import flashinfer as fi
-        return module, [], head, pairs, fi, "cuda"
-    return module, [], head, pairs, fi, "cpu"
+    device = "cuda" if fi is None else "cpu"
+    return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, device
 
 
 def _revert(patch_id, rows, head, same):
@@ -463,10 +444,8 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
 
 
 def _provide(module, always=(), stand_in_only=()):
-    """Set module globals while a check runs; returns what to restore. ``always``: those the module
-    has (what vLLM's GPU gates ask, answered per run); ``stand_in_only``: where the module was loaded
-    with stand-in imports, the engine helpers a function calls, as the engine defines them for the
-    check's inputs (each listed in docs/gpu.md)."""
+    """Set module globals while a check runs (returns what to restore): ``always`` where the module has
+    them, ``stand_in_only`` where they are stand-ins (engine helpers, as docs/gpu.md lists them)."""
     values = {k: v for k, v in dict(always).items() if k in module.__dict__}
     values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
     saved = {k: module.__dict__[k] for k in values}
@@ -530,7 +509,7 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                                         _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
                 wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
                 if error:
-                    return None, [], error, None
+                    return None, [], error
                 calls.watch("prefill", wrapper, names=("run",))
                 batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
@@ -549,9 +528,9 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                 output = torch.empty_like(batch.q)
                 _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {},
                                        calls)
-                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error, None
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error
 
-            def err(out, _):
+            def err(out):
                 return None if out is None or device == "cpu" else rel_l2(out, batch.reference(sm_scale, window_left))
 
             base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
@@ -582,12 +561,9 @@ LSE_REQUESTS = ((64, 100), (2000, 128))  # (cached prefix, new tokens) per reque
 
 
 def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
-    """vLLM's own functions that return FlashInfer's LSE to a merge (#52796), patched and as
-    released, on requests with a cached prefix, their outputs merged as ``merge_attn_states``
-    merges them, against float64; then ``revert()``. ``vllm-mla-flashinfer-lse``: the MLA prefill
-    backend's new-token and context-chunk runs (ragged wrappers, qk 192 / v 128); control: the
-    new-token run without LSE. ``vllm-dcp-prefill-lse``: ``BatchDCPPrefillWrapper.run`` at DCP world
-    size 1 (paged context + ragged new tokens)."""
+    """vLLM's own functions that hand FlashInfer's LSE to a merge (#52796), patched and as released,
+    on requests with a cached prefix, merged as ``merge_attn_states`` merges, against float64; then
+    ``revert()``. MLA: the new-token and context-chunk runs (control: no LSE); DCP: the wrapper's ``run``."""
     import torch
 
     mla = patch_id != "vllm-dcp-prefill-lse"
@@ -621,8 +597,8 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
                                                                                    **values), calls)
                                                           for f, kk, vv in zip(funcs, (k, kc), (v, vc)))
             if not lse or e1 or e2:
-                return new, calls_new + calls_old, e1 or e2, None
-            return _merge_ln(out.clone(), old[0], old[1], new[0], new[1]), calls_new + calls_old, None, None
+                return new, calls_new + calls_old, e1 or e2
+            return _merge_ln(out.clone(), old[0], old[1], new[0], new[1]), calls_new + calls_old, None
     else:  # the DCP context: a paged cache holding the prefix, planned non-causal as BatchDCPPrefillWrapper.plan does
         cache = PagedBatch([(n, p) for p, n in requests], seed=seed, device=device)
         paged = calls.watch("context", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
@@ -637,15 +613,14 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         layer = types.SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
 
         def run(funcs):
-            o, took, error = drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
-            return o, took, error, None
+            return drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
 
     ref = _prefix_reference(q, k, v, qo, prefix_kv, sm_scale)
     live, original = zip(*pairs)
     base = dict(head, requests=[list(r) for r in requests], heads=[heads, kv_heads], head_dim=[dk, dv])
     try:
         released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live,
-                         lambda o, _: rel_l2(o, ref))
+                         lambda o: rel_l2(o, ref))
         if mla:
             _pair(rows, dict(base, case="control: new tokens without LSE"), run, original, live, lse=False)
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
@@ -659,13 +634,10 @@ SWA_REQUESTS, SWA_WINDOW = ((100, 37), (500, 128), (64, 300)), 128  # (cached pr
 
 
 def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, head_dim=128, seed=0, fi=None):
-    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` on a
-    ragged extend over a cached prefix whose extend slots hold garbage (their K/V are written after
-    the paged pass), against float64; then ``revert()``. ``sglang-swa-full-attn-ragged-prefix``:
-    ``update_sliding_window`` plans the two wrappers of a sliding-window model, a full-attention
-    layer runs (wrapper 1); control: the paged-only extend. ``sglang-per-layer-heads-plan``: the
-    updater's ``__init__`` reads the model's head counts ([16, 32] per layer), its
-    ``update_single_wrapper`` plans, the 32-head layer runs; control: a model without per-layer counts."""
+    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` of a ragged
+    extend over a cached prefix whose extend slots hold garbage, against float64; then ``revert()``.
+    SWA: a full-attention layer (control: paged-only); per-layer heads: the 32-head layer of [16, 32]
+    (control: no per-layer counts)."""
     import collections
     import torch
 
@@ -742,17 +714,17 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
                 encoder_lens=None, spec_info=None, extend_prefix_lens_cpu=prefix.tolist(), kv_view=view), calls)
             took += more
         if error:
-            return None, took, error, None
+            return None, took, error
         out, more, error = _extend(module, module.FlashInferAttnBackend.forward_extend, calls, wrappers,
                                    backend.prefill_wrapper_ragged, cache, q, k, v, use_ragged, heads=heads)
-        return out, took + more, error, None
+        return out, took + more, error
 
     ref = _prefix_reference(q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"),
                             head_dim ** -0.5)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
     try:
         released = _pair(rows, dict(base, case="ragged extend over a cached prefix, %s layer" % (
-            "full-attention" if swa else "32-head")), run, original, live, lambda o, _: rel_l2(o, ref))
+            "full-attention" if swa else "32-head")), run, original, live, lambda o: rel_l2(o, ref))
         _pair(rows, dict(base, case="control: " + ("paged-only extend" if swa else "a model without per-layer head "
                                                    "counts")), run, original, live, **(
             dict(use_ragged=False) if swa else dict(per_layer=None)))
@@ -777,8 +749,7 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     logging.getLogger("flashfix").addHandler(caught)
     rows = []
     for index, (kv_name, head_dim) in enumerate(configs):
-        kv_dtype = dtypes[kv_name]
-        sm_scale = 1.0 / math.sqrt(head_dim)
+        kv_dtype, sm_scale = dtypes[kv_name], 1.0 / math.sqrt(head_dim)
         batch = PagedBatch(seqs, kv_dtype=kv_dtype, head_dim=head_dim, seed=seed + index)
         t0 = time.time()
         wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
