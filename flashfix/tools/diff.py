@@ -33,6 +33,27 @@ from flashfix.core.source import ShapeError
 class Rewrite(namedtuple("Rewrite", "patch_id module qualname origin text rendered site edited")):
     kind = "rewrite"  # edited: the def node after the edit (markers included)
 
+    def write(self, out, marker):
+        rendered = self.rendered
+        out.write("# %s.%s: %s\n" % (self.module, self.qualname or "<module>", "recompiled from the text below and "
+                  "swapped into the existing function object" if self.edited is not None else "the new statements below "
+                  "run in its namespace when the patch applies,\n# and the names they bind are set on it (setattr, undone "
+                  "by revert())"))
+        marks = _marker_lines(rendered)
+        if marks and not marker:
+            out.write("# until its first run it also runs %s, %s;\n"
+                      "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
+                      " shows it)\n" % ("one marker line" if len(marks) == 1 else "a marker line in each changed branch",
+                                         "; ".join("`%s`, reported as installed line %d" % m for m in marks)))
+        for text, at in marks if marker else ():
+            out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that "
+                      "the\n# fix ran (status()['ran']) at the first run, then the same code without that line is "
+                      "swapped in\n" % (text, at))
+        if rendered.whole:
+            out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
+        version = rendered.MARKED if marker else rendered.PLAIN
+        out.writelines(_file_diff(self.text, rendered, version))
+
 
 class Replace(namedtuple("Replace", "module owner name replacement call delegate")):
     """``replacement``: the flashfix function whose source is shown; ``call``: how the runtime builds
@@ -41,9 +62,32 @@ class Replace(namedtuple("Replace", "module owner name replacement call delegate
 
     kind = "replace"
 
+    def write(self, out, marker=False):
+        out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
+                  % (self.module, self.owner, self.name, self.call))
+        if self.delegate is not None:
+            out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not "
+                      "handle\n" % (self.delegate.qualname, self.delegate.where()))
+        try:
+            (lines, first), file = inspect.getsourcelines(self.replacement), inspect.getsourcefile(self.replacement)
+        except (OSError, TypeError):
+            out.write("# (the source of %r is not available)\n" % (self.replacement,))
+            return
+        out.write("--- %s.%s.%s (installed: %s)\n+++ %s lines %d-%d\n@@ -0,0 +%d,%d @@\n" % (
+            self.module, self.owner, self.name, self.delegate.where() if self.delegate else "-", file, first,
+            first + len(lines) - 1, first, len(lines)))
+        out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
+
 
 class AddName(namedtuple("AddName", "module origin name value defined")):
     kind = "add-name"
+
+    def write(self, out, marker=False):
+        where = self.defined.origin + " line %d" % self.defined.first if self.defined else "its source not found"
+        out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
+                  "--- %s (module globals, installed)\n+++ %s (module globals, as flashfix runs it)\n@@ globals @@\n"
+                  "+%s = %s\n" % (self.module, self.name, self.value, where, self.origin, self.origin,
+                                   self.name, self.value))
 
 
 class Location:
@@ -84,29 +128,6 @@ def locate(module, qualname):
     return Location(module, qualname, found.origin, node)
 
 
-def _top_names(tree):
-    """Names bound at a module's top level (also inside if/try/with), and its star imports."""
-    names, stars, stack = set(), [], list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name == "*":
-                    stars.append(node)
-                else:
-                    names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        else:
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                stack.extend(getattr(node, field, None) or ())
-    return names, stars
-
-
 def _resolve(module, node):
     if not node.level:
         return node.module
@@ -138,15 +159,15 @@ def definition(module, name, depth=0):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name and alias.name != "*":
                     source = _resolve(module, stmt)
-                    sub = "%s.%s" % (source, alias.name)
-                    if _locate.find(sub) is not None:  # ``from pkg import submodule``
+                    if _locate.find("%s.%s" % (source, alias.name)) is not None:  # ``from pkg import submodule``
                         return None
                     return definition(source, alias.name, depth + 1)
-    names, stars = _top_names(tree)
-    if name not in names:  # bound, if at all, by a star import: the last one that binds it wins
-        for star in reversed(stars):
-            if binds(_resolve(module, star), name, depth + 1):
-                return definition(_resolve(module, star), name, depth + 1)
+    if any(_source._bindings(statement, name) for statement in tree.body):  # bound here, not by a def
+        return None
+    stars = [s for s in ast.walk(tree) if isinstance(s, ast.ImportFrom) and s.names[0].name == "*"]
+    for star in reversed(stars):  # bound, if at all, by a star import: the last one that binds it wins
+        if binds(_resolve(module, star), name, depth + 1):
+            return definition(_resolve(module, star), name, depth + 1)
     return None
 
 
@@ -254,60 +275,8 @@ def write(diffs, out, marker=False):
                                                           "" if len(result.changes) == 1 else "s", patch.upstream))
         for change in result.changes:
             out.write("\n")
-            if change.kind == "rewrite":
-                _write_rewrite(change, out, marker)
-            elif change.kind == "replace":
-                _write_replace(change, out)
-            else:
-                _write_add_name(change, out)
+            change.write(out, marker)
     return problems
-
-
-def _write_rewrite(change, out, marker):
-    rendered = change.rendered
-    out.write("# %s.%s: %s\n" % (change.module, change.qualname or "<module>", "recompiled from the text below and swapped "
-              "into the existing function object" if change.edited is not None else "the new statements below run in its "
-              "namespace when the patch applies,\n# and the names they bind are set on it (setattr, undone by revert())"))
-    marks = _marker_lines(rendered)
-    if marks and not marker:
-        out.write("# until its first run it also runs %s, %s;\n"
-                  "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
-                  " shows it)\n" % ("one marker line" if len(marks) == 1 else "a marker line in each changed branch",
-                                     "; ".join("`%s`, reported as installed line %d" % m for m in marks)))
-    if marks and marker:
-        for text, at in marks:
-            out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that the\n"
-                      "# fix ran (status()['ran']) at the first run, then the same code without that line is swapped in\n"
-                      % (text, at))
-    if rendered.whole:
-        out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
-    version = rendered.MARKED if marker else rendered.PLAIN
-    out.writelines(_file_diff(change.text, rendered, version))
-
-
-def _write_replace(change, out):
-    out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
-              % (change.module, change.owner, change.name, change.call))
-    if change.delegate is not None:
-        out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not handle\n"
-                  % (change.delegate.qualname, change.delegate.where()))
-    try:
-        (lines, first), file = inspect.getsourcelines(change.replacement), inspect.getsourcefile(change.replacement)
-    except (OSError, TypeError):
-        out.write("# (the source of %r is not available)\n" % (change.replacement,))
-        return
-    out.write("--- %s.%s.%s (installed: %s)\n+++ %s lines %d-%d\n@@ -0,0 +%d,%d @@\n" % (
-        change.module, change.owner, change.name, change.delegate.where() if change.delegate else "-", file, first,
-        first + len(lines) - 1, first, len(lines)))
-    out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
-
-
-def _write_add_name(change, out):
-    where = change.defined.origin + " line %d" % change.defined.first if change.defined else "its source not found"
-    out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
-              "--- %s (module globals, installed)\n+++ %s (module globals, as flashfix runs it)\n@@ globals @@\n"
-              "+%s = %s\n" % (change.module, change.name, change.value, where, change.origin, change.origin,
-                               change.name, change.value))
 
 
 def run(ids=None, reader=None, marker=False, out=None):
