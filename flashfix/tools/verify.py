@@ -5,12 +5,9 @@ Meant for an image pipeline, on the target GPU, before traffic reaches it:
 1. the doctor's verdict per patch (no engine imported);
 2. the runtime state per patch after importing the engines' target modules in a child
    process, exactly as ``import flashfix`` in a server would leave them;
-3. for every patch that changes numbers and applies (to the installed engine, or to an engine
-   given with ``--path``, a wheel or tree loaded with stand-ins for the engine modules it
-   imports), a check in its own child process (side by side: FlashInfer JIT-compiles about a
-   minute per kernel variant) that runs the engine's own patched functions and the code kept for
-   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``, one per entry
-   of ``CHECKS``), and the sink-wrapper JIT-name sequence.
+3. for every patch that changes numbers and applies (to the installed engine, or to a wheel or
+   tree given with ``--path``), a check of ``CHECKS`` in its own child process, side by side
+   (FlashInfer JIT-compiles about a minute per kernel variant): ``flashfix.tools.gpu_checks``.
 
 Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not
 run, with why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no
@@ -73,9 +70,8 @@ try:
     fi = flashinfer.__version__
 except Exception as exc:
     fi = None
-cap = torch.cuda.get_device_capability()
-print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(), "capability": list(cap), "torch": torch.__version__,
-                  "flashinfer": fi}))
+print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(),
+                  "capability": list(torch.cuda.get_device_capability()), "torch": torch.__version__, "flashinfer": fi}))
 """
 
 _RUNTIME = """
@@ -110,6 +106,14 @@ def _last_json(text, prefix=""):
 
 def _say(message, as_json):
     print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+
+def _stop(code, message, as_json, **report):
+    """Say why verify cannot check (the JSON report on stdout too) and return ``code``."""
+    _say("flashfix verify: %s." % message, as_json)
+    if as_json:
+        print(json.dumps(dict({"exit": code}, **report)))
+    return code
 
 
 def _run_checks(wanted, as_json, start):
@@ -161,11 +165,11 @@ def _result(name, patch_id, proc, out, err):
         elif not r.get("control") and (e is None or e > threshold):
             problems.append("%s: error %s" % (r.get("case", r.get("step")), e))
     errs = [r.get("err_flashfix", r.get("err")) for r in rows if not r.get("control")]
-    pre = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
     return {"check": name, "patch": patch_id, "threshold": threshold, "passed": not problems, "problems": problems,
             "mismatches": [r["mismatch"] for r in rows if r.get("mismatch")],
             "max_err_flashfix": max([e for e in errs if e is not None], default=None),
-            "max_err_pre_fix": max(pre) if pre else None, "rows": rows}
+            "max_err_pre_fix": max([r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None], default=None),
+            "rows": rows}
 
 
 def _summary(result):
@@ -197,18 +201,12 @@ def run(as_json=False, paths=(), only=()):
                                                            r["engine_version"], r["verdict"]), as_json)
     installed = [r for r in rows if r["verdict"] != "not-installed"] + list(paths)
     if not installed:
-        _say("flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
-             "environment (%s)." % sys.executable, as_json)
-        if as_json:
-            print(json.dumps({"exit": EXIT_NO_ENGINE, "reason": "no engine"}))
-        return EXIT_NO_ENGINE
+        return _stop(EXIT_NO_ENGINE, "no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
+                     "environment (%s)" % sys.executable, as_json, reason="no engine")
     probe = _child(_GPU_PROBE)
     gpu = _last_json(probe.stdout) or {"ok": False, "why": "GPU probe failed: %s" % probe.stderr.strip()[-500:]}
     if not gpu["ok"]:
-        _say("flashfix verify: no GPU to check on: %s." % gpu["why"], as_json)
-        if as_json:
-            print(json.dumps({"exit": EXIT_NO_GPU, "reason": "no GPU", "detail": gpu["why"]}))
-        return EXIT_NO_GPU
+        return _stop(EXIT_NO_GPU, "no GPU to check on: %s" % gpu["why"], as_json, reason="no GPU", detail=gpu["why"])
     _say("[%5.0fs] GPU: %s (SM%d%d), torch %s, FlashInfer %s" % (
         time.time() - start, gpu["name"], gpu["capability"][0], gpu["capability"][1], gpu["torch"], gpu["flashinfer"]),
         as_json)
