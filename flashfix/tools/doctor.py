@@ -1,18 +1,13 @@
 """``flashfix doctor``: what flashfix would do here, read from distribution metadata and source.
 
-No engine, torch or FlashInfer is imported: each patch's shape probe reads the target
-modules' source with ``ast`` (located as the import system would, through the finders on
-``sys.meta_path``: regular, editable, zipped and sourceless installs alike), the same probe
-the runtime gate uses once the engine is imported.
-
-The environment read is this interpreter's by default. ``--path`` reads wheels (from the zip,
-never unpacked), site-packages folders and source trees instead, several together forming one
-environment; ``--python`` reads another interpreter's environment, which is asked only where
-its modules and distributions are (``flashfix.tools.remote``). The patches judged are this
-flashfix's own and those of the patch packs installed in the environment read
-(``flashfix.core.packs``); a pack that cannot be loaded is one line on stderr (and exit 1 under
-``--strict``). Each row lists the files its
-verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
+No engine, torch or FlashInfer is imported: each patch's shape probe, the same the runtime gate
+uses, reads the target modules' source with ``ast``, located as the import system would (regular,
+editable, zipped and sourceless installs alike). The environment read is this interpreter's, or
+``--path``'s wheels (never unpacked), site-packages folders and source trees, several forming one
+environment, or ``--python``'s interpreter (``flashfix.tools.remote``). The patches judged are this
+flashfix's and the packs' installed there (``flashfix.core.packs``); a pack that cannot be loaded
+is one line on stderr (exit 1 under ``--strict``). Each row lists the files its verdict was read
+from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
 
 import importlib
@@ -41,7 +36,6 @@ def diagnose(reader=None):
 
 def _diagnose_one(patch, cfg, claims):
     version = _registry.engine_version(patch.engine)
-    in_range = False
     try:
         targets = _registry.targets_of(patch)
     except Exception as exc:
@@ -51,21 +45,13 @@ def _diagnose_one(patch, cfg, claims):
     elif cfg.is_disabled(patch.id):
         verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
     elif targets is None:
-        verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
+        verdict, reason = "unknown-shape", failure
     else:
         verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, claims)
-        in_range = _registry.in_range(patch, version)
-    return {
-        "id": patch.id,
-        "engine": patch.engine,
-        "engine_version": version,
-        "verdict": verdict,
-        "reason": reason,
-        "affected_versions": patch.versions,
-        "upstream": patch.upstream,
-        "fixed_in": patch.fixed_in,
-        "in_range": in_range,
-    }
+    in_range = verdict not in ("not-installed", "disabled") and _registry.in_range(patch, version)
+    return {"id": patch.id, "engine": patch.engine, "engine_version": version, "verdict": verdict, "reason": reason,
+            "affected_versions": patch.versions, "upstream": patch.upstream, "fixed_in": patch.fixed_in,
+            "in_range": in_range}
 
 
 def known(reader=None):
@@ -86,9 +72,8 @@ def check_holds_an_engine(reader, label):
     packs: a wheel of an unrelated package is a mistake, not an environment without engines."""
     patches = _registry.load_all()
     with _locate.reading(reader):
-        if any(_locate.version(p.engine) is not None for p in patches):
-            return
-        if any(_locate.find(top) is not None for top in flashfix.PATCH_MODULES):
+        if any(_locate.version(p.engine) is not None for p in patches) or any(
+                _locate.find(top) is not None for top in flashfix.PATCH_MODULES):
             return
     lister = getattr(reader, "entry_points", None)
     if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
