@@ -1,12 +1,7 @@
-"""The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
-``EXE .../flashfix/tools/remote_probe.py``). ``flashfix.core.locate`` imports its finder walk and
-metadata-file lookup, so both interpreters locate modules and metadata files with the same code.
-
-Standard library only: it imports neither flashfix nor any engine, and works on any Python the
-engines support. It starts as that environment's Python always starts, with ``site``, then
-answers questions on its stdin, one JSON line each (see ``flashfix.tools.remote``): where a module
-is, found through ``sys.meta_path`` without importing it, and a distribution's version and
-metadata file, through ``importlib.metadata``.
+"""The program ``flashfix doctor --python EXE`` runs in the other interpreter, by path (the protocol:
+``flashfix.tools.remote``). Standard library only, on any Python the engines support: it imports
+neither flashfix nor any engine. ``flashfix.core.locate`` imports its finder walk and metadata-file
+lookup, so both interpreters locate modules and metadata files with the same code.
 """
 import json
 import os
@@ -92,11 +87,9 @@ def _spec(name):
 def find(name):
     from importlib.machinery import SourceFileLoader
     module = sys.modules.get(name)
-    spec = getattr(module, "__spec__", None) if module is not None else None
+    spec = getattr(module, "__spec__", None) or _spec(name)
     if spec is None:
-        spec = _spec(name)
-        if spec is None:
-            return {"found": False}
+        return {"found": False}
     origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
     if spec.loader is None and spec.submodule_search_locations is not None:
         return {"found": True, "origin": origin, "kind": "namespace"}
