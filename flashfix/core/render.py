@@ -273,9 +273,8 @@ class Writer:
 
 
 class Rendered:
-    """The installed function's text (``before``) and its text once edited, with and without
-    the one-time marker statement (``text(MARKED)`` / ``text(PLAIN)``); ``start`` is the
-    installed file's line of the first line (decorators included), ``origin`` its file."""
+    """The installed function's text (``before``, from the file ``origin``'s line ``start``, decorators
+    included) and its text once edited, with and without the one-time marker (``text(MARKED/PLAIN)``)."""
 
     MARKED, PLAIN = MARKED, PLAIN
 
@@ -303,19 +302,15 @@ def _indent(line):
 
 
 def _parse_function(text, line_map):
-    first = _lines(text)[0] if text else ""
-    indented = bool(_indent(first))
-    source = ("if 1:\n" + text) if indented else text
-    tree = ast.parse(source)
+    indented = bool(_indent(_lines(text)[0] if text else ""))  # then parsed inside an ``if 1:`` block
+    tree = ast.parse(("if 1:\n" + text) if indented else text)
     holder = tree.body[0].body if indented else tree.body
     if len(holder) != 1 or not isinstance(holder[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise RenderError("the rendered text is not one function definition")
     node = holder[0]
-    shift = 1 if indented else 0
 
     def at(line):
-        index = line - 1 - shift
-        return line_map[min(max(index, 0), len(line_map) - 1)]
+        return line_map[min(max(line - 1 - indented, 0), len(line_map) - 1)]
 
     for n in ast.walk(node):
         if getattr(n, "lineno", None) is not None:
