@@ -18,15 +18,11 @@ expression, or statements: several match consecutive statements of one block), a
 ``$X`` matches one expression (or an attribute name, ``obj.$A``), the same ``$X`` twice
 structurally equal code (ctx, positions ignored), ``$_`` anything; ``$$$X`` zero or more items
 of a list (arguments, statements, ``and`` operands, elements) and ``**$$$X`` the keywords a call
-pattern does not name. Keywords match by name in
-any order; metavariables never match ``*x``/``**x``. ``inside``: look for the forms only in code
-matching this pattern. ``where``: a pattern that must match once elsewhere in the function; its
-bindings (e.g. a sibling call's arguments) serve ``after``.
-
-The rest of this module's documentation is the comment block below.
+pattern does not name. Keywords match by name in any order; metavariables never match
+``*x``/``**x``. ``inside``: look for the forms only in code matching this pattern. ``where``: a
+pattern that must match once elsewhere in the function; its bindings (e.g. a sibling call's
+arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; more in the comment below.
 """
-# Every keyword, with its type: ``Backport``'s docstring (``help(Backport)``).
-#
 # Derived from the one declaration:
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
 #   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
@@ -307,18 +303,6 @@ def words(node):
     return [w for w in (getattr(node, f) for f in _WORD_FIELDS.get(type(node), ())) if w]
 
 
-def _own_function(owner, name, module):
-    """The plain function ``name`` defined by ``owner`` (a class or a module) in ``module``'s
-    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none."""
-    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    for _ in range(10):
-        code = getattr(obj, "__code__", None)
-        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
-            return obj
-        obj = getattr(obj, "__wrapped__", None)
-    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
-
-
 _BODIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
 
 
@@ -328,23 +312,26 @@ def _target(tree, qualname):
 
 
 def function_at(module, qualname):
-    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) of ``module``."""
+    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
+    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none."""
     owner = module
     *outer, name = qualname.split(".")
     for part in outer:
         owner = getattr(owner, part, None)
         if not isinstance(owner, type):
             raise ShapeError("%s has no class %s" % (module.__name__, part))
-    return _own_function(owner, name, module)
+    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    for _ in range(10):
+        code = getattr(obj, "__code__", None)
+        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
+            return obj
+        obj = getattr(obj, "__wrapped__", None)
+    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
 
 
 class Rule:
     """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function``, the
-    compiled patterns and what is derived from them. ``fixed_if``: patterns whose presence means
-    the fix is in (default: ``after``; give them when upstream's fix is not ``after``'s form);
-    ``constraints``: ``{metavariable: regex}`` its code (each item's, for ``$$$X``) must match;
-    ``every``: replace every match of ``before`` (at least one), not exactly one. ``$SELF`` is the
-    function's first parameter; ``$RAN``, a statement of ``after``, places the one-time marker."""
+    compiled patterns and what is derived from them (the keywords: ``Backport``'s docstring)."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
@@ -541,10 +528,7 @@ class Declaration:
             defining += [modname] if node else []
         return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
 
-    @property
-    def derivable(self):
-        """Is every hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
-        return all(h.derivable for h in self.hunks)
+    derivable = property(lambda self: all(h.derivable for h in self.hunks))  # every ``after`` is upstream's form
 
     def locate(self, tree_of, trees=None):
         """``[(module, qualname, def node)]``: each site that defines the first hunk's function;
@@ -579,11 +563,9 @@ class Declaration:
         missing = [q for _, _, q, func in located if func is None]
         if missing:
             return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None
-        given = {}
-        if self.context is not None:
-            given = self.context(trees[located[0][1]], located[0][3])
-            if isinstance(given, Shape):
-                return given, None, None
+        given = self.context(trees[located[0][1]], located[0][3]) if self.context is not None else {}
+        if isinstance(given, Shape):
+            return given, None, None
         out, first, names = [], None, set()
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
