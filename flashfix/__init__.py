@@ -31,23 +31,14 @@ import sys
 
 __version__ = "0.2.0"
 
-# Engine top-level package -> flashfix's own patch module for it. Its keys are the packages
-# whose first import loads patches (flashfix's and the packs' of the entry-point group
-# ``flashfix.patches`` named after them, see _packs); its values are also declared in that group
-# in pyproject.toml, and are added from here when no installed metadata lists them (a source
-# checkout). The mechanism itself (below, _registry and _packs) is generic.
-PATCH_MODULES = {
-    "vllm": "flashfix.vllm_patch",
-    "sglang": "flashfix.sglang_patch",
-    "flashinfer": "flashfix.flashinfer_patch",
-}
+# Engine top-level package, whose first import loads patches (flashfix's and the packs' named after
+# it, see _packs) -> flashfix's own patch module for it (also an entry point in pyproject.toml).
+# The mechanism itself (below, _registry and _packs) is generic.
+PATCH_MODULES = {"vllm": "flashfix.vllm_patch", "sglang": "flashfix.sglang_patch",
+                 "flashinfer": "flashfix.flashinfer_patch"}
 
-_API = {
-    "status": "flashfix.core.registry",
-    "revert": "flashfix.core.registry",
-    "PatchError": "flashfix.core.registry",
-    "ConfigError": "flashfix.core.config",
-}
+_API = {"status": "flashfix.core.registry", "revert": "flashfix.core.registry", "PatchError": "flashfix.core.registry",
+        "ConfigError": "flashfix.core.config"}
 
 
 # --- post-import hooks ------------------------------------------------------------------------
@@ -117,15 +108,13 @@ def _complete(name):
     return module is not None and (name in _executed or not getattr(spec, "_initializing", False))
 
 
-# Watching the end of an import already in progress. The import system marks a module being
-# imported with ``spec._initializing = True`` and, in ``_load_unlocked``, sets it back to False
-# in a ``finally`` once the module's code has run and it sits in sys.modules: the last step of
-# the import, taken under that module's own lock and never under the global import lock. To
-# hear that step, the spec object alone is given, for the rest of its import, a subclass of its
-# own class (same name, no new state) whose ``__setattr__`` calls back; its class is put back at
-# once. An exception raised there is raised by that import (it is in a ``finally`` of the import
-# itself), so strict mode fails the target's own import; flashfix first takes the module out of
-# sys.modules, as Python does for any import that fails, so the next import of it runs again.
+# Watching the end of an import already in progress: in ``_load_unlocked`` the import system sets
+# ``spec._initializing`` back to False in a ``finally``, once the module's code has run and it sits
+# in sys.modules, under that module's own lock, never the global import lock. To hear that step the
+# spec object alone is given, for the rest of its import, a subclass of its own class (same name,
+# no new state) whose ``__setattr__`` calls back; its class is put back at once. An exception raised
+# there is raised by that import, so strict mode fails the target's own import (``_run`` first takes
+# the module out of sys.modules, so the next import of it runs again).
 
 _spec_classes = {}
 
@@ -343,10 +332,8 @@ class _Finder:
 
 def _install():
     """Put the finder on sys.meta_path, once per process: in the start-up finder's slot if there
-    is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing),
-    else at the front. Under Python's global import lock, which every change flashfix's finders
-    make to sys.meta_path is made under (they move themselves to the front from find_spec), and
-    which is held here for nothing but these list operations."""
+    is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing), else
+    at the front; under Python's global import lock, as every change flashfix makes to that list."""
     _imp.acquire_lock()
     try:
         meta = sys.meta_path
@@ -399,13 +386,10 @@ def generation(name):
 # --- activation -------------------------------------------------------------------------------
 
 
-def _patch_module_loader(top):
-    def load(module):
-        from flashfix.core import registry as _registry
+def _load_engine(top, module):
+    from flashfix.core import registry as _registry
 
-        _registry.load_engine(top)
-
-    return load
+    _registry.load_engine(top)
 
 
 def activate():
@@ -417,7 +401,7 @@ def activate():
     for top in PATCH_MODULES:
         if not _activated.get(top):
             _activated[top] = True
-            when_imported(top, _patch_module_loader(top))
+            when_imported(top, lambda module, top=top: _load_engine(top, module))
 
 
 _activated = {}

@@ -154,9 +154,8 @@ class PagedBatch:
 
 
 class _StandIn(type):
-    """The type of every stand-in: a class, so an engine class may derive from it; any
-    attribute, call, subscript or ``|`` of it is another stand-in (the same one per name). Each
-    use while ``_reads`` records is noted: the check says which the engine's function read."""
+    """The type of every stand-in: a class (an engine class may derive from it) whose attributes, calls,
+    subscripts and ``|`` are stand-ins (one per name); each use while ``_reads`` records is noted."""
 
     def __getattr__(cls, name):
         if name.startswith("__") or not cls.__dict__.get("_stand_in"):
@@ -204,10 +203,9 @@ class _StandInModule(types.ModuleType):
 
 
 class EngineModuleFinder:
-    """``import`` of ``target`` reads its source from ``reader`` (a wheel or tree,
-    ``locate.open_path``); every other module of the engine's top package is a stand-in module
-    (torch, FlashInfer and the standard library are real). Put after flashfix's finder, so the
-    registry hooks the target's import as it hooks the installed engine's."""
+    """``import`` of ``target`` reads its source from ``reader`` (``locate.open_path``); every other module
+    of the engine's top package is a stand-in. Put after flashfix's finder, so the registry hooks the
+    target's import as it hooks the installed engine's."""
 
     def __init__(self, reader, target):
         self.reader, self.target, self.top = reader, target, target.split(".")[0]
@@ -234,9 +232,8 @@ class EngineModuleFinder:
 
 
 def engine_module(patch_id, path=None):
-    """``(module, patch record, engine version)``: the patch's target module as the runtime
-    leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
-    tree, its engine imports stand-ins); the other patches of the engine are disabled."""
+    """``(module, patch record, engine version)``: the patch's target module as the runtime leaves it, installed
+    or loaded from ``path`` (a wheel or tree, with stand-in engine imports); the engine's other patches disabled."""
     from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
@@ -314,9 +311,9 @@ def _same(a, b):
 
 
 def _pair(rows, row, run, original, live, err=None, **kw):
-    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: their
-    errors against float64 (``err(output, *what run gave after its error)``) or, for a control, whether they are bitwise
-    equal; the FlashInfer calls and errors of each. Returns the released code's output."""
+    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: the FlashInfer
+    calls and errors of each, and the errors against float64 (``err(output, *what run gave after its
+    error)``) or, for a control, whether they are bitwise equal. Returns the released code's output."""
     t = time.time()
     (o1, c1, e1, *x1), (o2, c2, e2, *x2) = run(original, **kw), run(live, **kw)
     row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1),
@@ -330,9 +327,8 @@ def _pair(rows, row, run, original, live, err=None, **kw):
 
 
 def _engine(patch_id, path, functions, fi):
-    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check; ``rows`` says
-    why when the patch is not applied (then nothing can be driven). ``fi``: a FlashInfer stand-in
-    (CPU tests, device "cpu"), else the real one."""
+    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check (``rows`` says why when
+    the patch is not applied); ``fi``: a FlashInfer stand-in (CPU tests, device "cpu"), else the real one."""
     module, record, version = engine_module(patch_id, path)
     head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
             "state": record["state"], "reason": record["reason"]}
@@ -383,10 +379,9 @@ def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, n
 
 
 def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_SCALE, V_SCALE), seed=0, fi=None):
-    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
-    scales far from 1: the ragged + paged branch against float64, and the controls that must not
-    change (no prefix, paged-only, scales 1.0); then ``revert()``. ``fi``: a FlashInfer stand-in
-    (CPU tests), else the real one."""
+    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with scales far
+    from 1: the ragged + paged branch against float64, and the controls that must not change (no
+    prefix, paged-only, scales 1.0); then ``revert()``."""
     import torch
 
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
@@ -737,9 +732,8 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
 
 
 def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000)), seed=0, log=None):
-    """Build, plan and run one sink wrapper per ``(kv dtype name, head_dim)`` in ``configs``, in
-    this process, in order; rows with each wrapper's error against float64. Meant for a fresh
-    process (the collision is per process)."""
+    """Build, plan and run one sink wrapper per ``(kv dtype name, head_dim)`` of ``configs`` in this process,
+    in order (run it in a fresh one: the collision is per process); each wrapper's error against float64."""
     import torch
     import flashinfer
 
@@ -759,12 +753,11 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
         batch.plan(wrapper, sm_scale, -1)
         out = wrapper.run(batch.q, (batch.k_cache, batch.v_cache), batch.sinks, sm_scale)
         torch.cuda.synchronize()
-        row = {"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
-               "err": rel_l2(out, batch.reference(sm_scale)), "nan": float((~torch.isfinite(out.float())).float().mean()),
-               "build_s": round(build_s, 1)}
-        rows.append(row)
+        rows.append({"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
+                     "err": rel_l2(out, batch.reference(sm_scale)),
+                     "nan": float((~torch.isfinite(out.float())).float().mean()), "build_s": round(build_s, 1)})
         if log:
-            log(row)
+            log(rows[-1])
     logging.getLogger("flashfix").removeHandler(caught)
     return {"rows": rows, "flashfix_warnings": messages}
 
