@@ -29,21 +29,17 @@ arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; mo
 #   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
 #   (``where`` binding, ``constraints`` met), no @property-like wrapper, every name the new code
 #   reads a local, a builtin or a global the module (or ``needs``) binds -> patch (``check`` named:
-#   decided at import); else unknown-shape, naming where the nearest candidate differs.
-#   ``fixed``/``buggy``: reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}``, metavariables);
-# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
-#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
-#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
-#   the edited statement), or, where ``function`` names a class or is None (the module), the
-#   changed statements run there and what they bind is set on it (``SetAttr``); the imported
-#   module is asked again for each name the new code reads, and refuses the patch whole with the
-#   probe's reason;
-# * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
-#   (one hunk whose ``after`` is upstream's form).
-#
+#   decided at import); else unknown-shape, naming where the nearest candidate differs;
+# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each hunk's
+#   function recompiled from its own source with its nodes replaced (``_registry.rewrite``; the
+#   text spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited
+#   statement), or, for a class or the module (``function`` None), the changed statements run there
+#   and what they bind is set on it (``SetAttr``); the imported module is asked again for each name
+#   the new code reads, and refuses the patch whole with the probe's reason.
 # A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
-# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
-# and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
+# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast``
+# (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the
+# engine-process goal is at most 1 MiB).
 
 import ast
 import builtins
@@ -88,13 +84,10 @@ def pattern(text, keyword="pattern"):
 
 
 def _meta(node, prefix=ONE):
-    if isinstance(node, ast.Expr) and prefix == MANY:
+    """The metavariable ``node`` spells (``$$$X`` also as a statement or a ``**`` keyword), or None."""
+    if prefix == MANY and (isinstance(node, ast.Expr) or isinstance(node, ast.keyword) and node.arg is None):
         node = node.value
-    if isinstance(node, ast.keyword) and node.arg is None and prefix == MANY:
-        node = node.value
-    if isinstance(node, ast.Name) and node.id.startswith(prefix):
-        return node.id[len(prefix):]
-    return None
+    return node.id[len(prefix):] if isinstance(node, ast.Name) and node.id.startswith(prefix) else None
 
 
 def _splat(node):
@@ -157,10 +150,8 @@ def _match_list(ps, ts, b):
 
 
 def _match_call(p, t, b):
-    if not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
-        return False
-    given = {kw.arg: kw for kw in t.keywords}
-    if None in given:  # the code passes **kwargs: what it passes cannot be told
+    given = {kw.arg: kw for kw in t.keywords}  # None in it: the code passes **kwargs, what it passes cannot be told
+    if None in given or not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
         return False
     rest = None
     for kw in p.keywords:
@@ -168,8 +159,7 @@ def _match_call(p, t, b):
             rest = _meta(kw, MANY)
         elif kw.arg not in given or not match(kw.value, given[kw.arg].value, b):
             return False
-    named = {kw.arg for kw in p.keywords}
-    extra = [kw for kw in t.keywords if kw.arg not in named]
+    extra = [kw for kw in t.keywords if kw.arg not in {k.arg for k in p.keywords}]
     return _bind(rest, extra, b) if rest is not None else not extra
 
 
@@ -229,10 +219,8 @@ def build(template, b, at=None, src=None):
             out = []
             for item in value:
                 spliced = _spliced(item, b) if isinstance(item, ast.AST) else None
-                if spliced is not None:
-                    out.extend(copy.deepcopy(spliced))
-                else:
-                    out.append(build(item, b, at, src) if isinstance(item, ast.AST) else item)
+                out += copy.deepcopy(spliced) if spliced is not None else [
+                    build(item, b, at, src) if isinstance(item, ast.AST) else item]
             setattr(node, field, out)
         elif isinstance(value, ast.AST):
             setattr(node, field, build(value, b, at, src))
@@ -278,10 +266,8 @@ def _spell(src, template, b, spell, marked):
 
 
 def _text(value):
-    if isinstance(value, Block):
-        return "; ".join(_text(s) for s in value.body)
-    if isinstance(value, list):
-        return ", ".join(_text(v) for v in value)
+    if isinstance(value, (Block, list)):  # statements, or items
+        return ("; " if isinstance(value, Block) else ", ").join(_text(v) for v in getattr(value, "body", value))
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
@@ -422,8 +408,8 @@ class Rule:
                      and ast.dump(c.func) == ast.dump(head.func) and id(c) not in inside), None)
 
     def _say(self, text, func, node, b, **more):
-        values = dict({k: _text(v) for k, v in b.items()}, **more)
-        return text.format(line=node.lineno, name=getattr(func, "name", self.name), **values)
+        return text.format(line=node.lineno, name=getattr(func, "name", self.name),
+                           **dict({k: _text(v) for k, v in b.items()}, **more))
 
     def _missing(self, func, scopes, tree):
         if self.word and tree is not None and _mention(tree, self.word) is None:
