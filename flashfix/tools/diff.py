@@ -51,8 +51,7 @@ class Rewrite(namedtuple("Rewrite", "patch_id module qualname origin text render
                       "swapped in\n" % (text, at))
         if rendered.whole:
             out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
-        version = rendered.MARKED if marker else rendered.PLAIN
-        out.writelines(_file_diff(self.text, rendered, version))
+        out.writelines(_file_diff(self.text, rendered, rendered.MARKED if marker else rendered.PLAIN))
 
 
 class Replace(namedtuple("Replace", "module owner name replacement call delegate")):
@@ -178,8 +177,7 @@ class Planner:
     """What a plan uses to describe a patch's changes from the source read."""
 
     def __init__(self, patch_id):
-        self.patch_id = patch_id
-        self.changes = []
+        self.patch_id, self.changes = patch_id, []
 
     def rewrite(self, module, qualname, edit):
         """``edit(def_node, mark)`` on ``module``'s ``qualname``, as ``_registry.rewrite``
@@ -213,9 +211,7 @@ def plan(ids=None, reader=None):
         rows, _ = _doctor.diagnose()
         patches = {p.id: p for p in _registry.load_all()}
         out = []
-        for row in rows:
-            if ids and row["id"] not in ids:
-                continue
+        for row in [r for r in rows if not ids or r["id"] in ids]:
             result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
             out.append(result)
             if row["verdict"] != "patch":
@@ -242,9 +238,7 @@ def plan(ids=None, reader=None):
 def _file_diff(text, rendered, version):
     """Unified diff of the installed file against it with the function's lines replaced by
     ``rendered.text(version)``: hunk line numbers are the installed file's."""
-    lines = _lines(text)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
+    lines = _lines(text, closed=True)
     end = rendered.start + len(_lines(rendered.before)) - 1
     after = lines[: rendered.start - 1] + _lines(rendered.text(version)) + lines[end:]
     return difflib.unified_diff(lines, after, rendered.origin, "%s (as flashfix runs it)" % rendered.origin, n=3)
@@ -293,8 +287,7 @@ def run(ids=None, reader=None, marker=False, out=None):
     errors = list(getattr(reader, "errors", None) or ())
     from flashfix.tools import doctor as _doctor
 
-    for problem in errors or _doctor.pack_problems(reader):  # packs not loaded (or not run) are named
-        sys.stderr.write("flashfix diff: %s\n" % problem)
+    sys.stderr.writelines("flashfix diff: %s\n" % p for p in errors or _doctor.pack_problems(reader))
     if errors:
         return 2
     if reader is not None:
