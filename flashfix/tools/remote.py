@@ -42,10 +42,6 @@ def probe_command(executable):
     raise _locate.SourceError("--python needs flashfix/tools/remote_probe.py, which this install of flashfix lacks")
 
 
-def _is_list_of(value, kind):
-    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
-
-
 def _optional_str(value):
     return value is None or isinstance(value, str)
 
@@ -91,8 +87,9 @@ class PythonReader:
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         hello = self._receive(what="start")
-        if not (hello.get("hello") is True and _is_list_of(hello.get("python"), int) and len(hello["python"]) >= 2
-                and isinstance(hello.get("prefix"), str)):
+        python = hello.get("python")  # a list of at least two ints (JSON: never a bool)
+        if not (hello.get("hello") is True and isinstance(python, list) and len(python) >= 2
+                and all(type(v) is int for v in python) and isinstance(hello.get("prefix"), str)):
             raise self._closed("--python %s did not answer as a Python interpreter" % self.executable)
         self.label = "%s (Python %s, %s)" % (self.executable, ".".join(map(str, hello["python"])), hello["prefix"])
 
@@ -179,9 +176,7 @@ class PythonReader:
 
     def version_source(self, dist):
         path = self._ask({"op": "version", "dist": dist}).get("file")
-        if not path or not os.path.isfile(path):
-            return None
-        return path, _locate._sha256_file(path)
+        return (path, _locate._sha256_file(path)) if path and os.path.isfile(path) else None
 
     def entry_points(self, group):
         """``[(name, value, distribution)]`` of ``group`` there (patch packs; imported here from

@@ -25,8 +25,7 @@ def _path_spec(name, path):
     for entry in path:
         if not isinstance(entry, str):
             continue
-        finder = PathFinder._path_importer_cache(entry)  # the finder the import system would use
-        find = getattr(finder, "find_spec", None)
+        find = getattr(PathFinder._path_importer_cache(entry), "find_spec", None)  # the finder the import system uses
         spec = find(name) if find is not None else None
         if spec is None:
             continue
@@ -75,12 +74,9 @@ def _spec(name):
                 return None
             continue
         spec = _meta_path_spec(prefix, path)
-        if spec is None:
+        if spec is None or depth < len(parts) and spec.submodule_search_locations is None:
             return None
-        if depth < len(parts):
-            if spec.submodule_search_locations is None:
-                return None
-            path = list(spec.submodule_search_locations)
+        path = list(spec.submodule_search_locations or ())  # where the next part is looked for
     return spec
 
 
@@ -138,8 +134,7 @@ OPS = {"find": (find, "name"), "version": (version, "dist"), "entry_points": (en
 
 
 def answer(value):
-    sys.stdout.write(PREFIX + json.dumps(value) + "\n")
-    sys.stdout.flush()
+    print(PREFIX + json.dumps(value), flush=True)
 
 
 def main():
