@@ -51,8 +51,8 @@ class Config(namedtuple("Config", "disable_all disabled strict log_level problem
 def names_patches(environ=None):
     """Does FLASHFIX_DISABLE name patch ids (anything but ``all``)? Only then does ``parse``
     need every registered id."""
-    env = os.environ if environ is None else environ
-    return any(item.strip().lower() not in ("", "all") for item in env.get("FLASHFIX_DISABLE", "").split(","))
+    disable = (os.environ if environ is None else environ).get("FLASHFIX_DISABLE", "")
+    return any(item.strip().lower() not in ("", "all") for item in disable.split(","))
 
 
 def parse(valid_ids, environ=None):

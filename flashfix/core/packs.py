@@ -70,9 +70,8 @@ def installed():
     if not _installed_cache:
         from importlib import metadata
 
-        found = [(ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) is not None else None)
-                 for ep in metadata.entry_points(group=GROUP)]
-        _installed_cache.append(_merge([Entry(name, name, value, dist, None) for name, value, dist in found]))
+        _installed_cache.append(_merge([Entry(ep.name, ep.name, ep.value, getattr(getattr(ep, "dist", None), "name", None))
+                                        for ep in metadata.entry_points(group=GROUP)]))
     return _installed_cache[0]
 
 

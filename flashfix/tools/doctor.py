@@ -80,9 +80,8 @@ def check_holds_an_engine(reader, label):
         return
     distributions = getattr(reader, "distributions", None)
     names = ["%s %s" % (n, v) for n, v in distributions() if n] if distributions is not None else []
-    held = " (it holds %s)" % ", ".join(names) if names else ""
     raise _locate.SourceError("%s holds none of %s%s" % (
-        label, ", ".join(sorted({p.engine for p in patches})), held))
+        label, ", ".join(sorted({p.engine for p in patches})), " (it holds %s)" % ", ".join(names) if names else ""))
 
 
 def pack_problems(reader=None):
@@ -98,12 +97,10 @@ def run(as_json=False, strict=False, out=None, reader=None):
         rows += known(reader)
     errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
-        for problem in errors:
-            sys.stderr.write("flashfix: %s\n" % problem)
+        sys.stderr.writelines("flashfix: %s\n" % problem for problem in errors)
         return 2
     packs = pack_problems(reader)
-    for problem in list(cfg.problems) + packs:
-        sys.stderr.write("flashfix: %s\n" % problem)
+    sys.stderr.writelines("flashfix: %s\n" % problem for problem in list(cfg.problems) + packs)
     if as_json:
         out.write(json.dumps([{k: v for k, v in r.items() if k != "in_range"} for r in rows], indent=2) + "\n")
     else:
@@ -112,8 +109,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
         headers = ("patch", "engine", "version", "verdict", "reason")
         table = [(r["id"], r["engine"], r["engine_version"] or "-", r["verdict"], r["reason"]) for r in rows]
         widths = [max(len(str(row[i])) for row in table + [headers]) for i in range(4)]
-        line = "  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4]
-        out.write(line + "\n")
+        out.write("  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4] + "\n")
         for row, r in zip(table, rows):  # a reason's later lines (a pattern of several lines) under its first
             out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4].replace(
                 "\n", "\n" + " " * (sum(widths) + 8)) + "\n")

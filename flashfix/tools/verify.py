@@ -31,11 +31,9 @@ THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashin
 TRTLLM = ("needs TRT-LLM's ragged DeepSeek prefill kernels, which run on SM100 only: no GPU check exists for it (the "
           "project's GPU is an SM90 H200, where vLLM never selects this backend); its CPU tests drive the engine's code")
 
-# (name, patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks and
-# ``path`` = the engine's wheel or tree, or None for the installed engine). The vLLM patch acts
-# on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so it measures the kernels
-# SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick fa3, whose sliding-window
-# kernels take over 8 minutes to JIT-compile).
+# (name, patch id, expression run in a child with ``g`` = gpu_checks and ``path`` = the engine's wheel or
+# tree, None: installed). The vLLM sink patch acts on SM12x only, where FlashInfer runs fa2: the check
+# forces fa2 on any GPU (on SM90 ``auto`` picks fa3, whose sliding-window kernels JIT-compile 8+ min).
 CHECKS = (
     ("sink-prefill fa2", "vllm-sink-prefill", "g.vllm_sink(path, cases=('no prefix',))"),
     ("sink-prefill fa2 window", "vllm-sink-prefill", "g.vllm_sink(path, cases=('sliding window 128',))"),
@@ -50,9 +48,8 @@ CHECKS = (
 
 
 def _jit_dir(name):
-    """A FlashInfer JIT workspace per check: checks run side by side, and two processes must
-    never build the same kernel name in one folder at once. Kept between runs, so a second
-    verify reuses the compiled kernels."""
+    """A FlashInfer JIT workspace per check, kept between runs (a second verify reuses the kernels): checks
+    run side by side, and two processes must never build the same kernel name in one folder at once."""
     base = os.environ.get("FLASHFIX_VERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flashfix", "verify")
     return os.path.join(base, name.replace(" ", "-"))
 
@@ -75,17 +72,13 @@ print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(),
 """
 
 _RUNTIME = """
-import importlib, json
+import contextlib, importlib, json
 import flashfix
 from flashfix.core import registry as _registry
-for patch in _registry.load_all():
-    if _registry.engine_version(patch.engine) is None:
-        continue
+for patch in [p for p in _registry.load_all() if _registry.engine_version(p.engine) is not None]:
     for target in _registry.targets_of(patch):
-        try:
+        with contextlib.suppress(Exception):
             importlib.import_module(target)
-        except Exception:
-            pass
 print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
 """
 
@@ -199,8 +192,7 @@ def run(as_json=False, paths=(), only=()):
         for r in found:
             _say("[%5.0fs] %s: %-26s %s %s, doctor: %s" % (time.time() - start, path, r["id"], r["engine"],
                                                            r["engine_version"], r["verdict"]), as_json)
-    installed = [r for r in rows if r["verdict"] != "not-installed"] + list(paths)
-    if not installed:
+    if not paths and all(r["verdict"] == "not-installed" for r in rows):
         return _stop(EXIT_NO_ENGINE, "no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
                      "environment (%s)" % sys.executable, as_json, reason="no engine")
     probe = _child(_GPU_PROBE)
@@ -213,8 +205,7 @@ def run(as_json=False, paths=(), only=()):
     if gpu["capability"][0] != 12:
         _say("[%5.0fs] note: this GPU is not SM12x; the vLLM sink-prefill check fakes device capability family 120 "
              "for flashfix's factory, so it runs the sink wrapper as on SM12x" % (time.time() - start), as_json)
-    runtime_proc = _child(_RUNTIME)
-    runtime = {r["id"]: r for r in (_last_json(runtime_proc.stdout, "FLASHFIX_RESULT=") or [])}
+    runtime = {r["id"]: r for r in (_last_json(_child(_RUNTIME).stdout, "FLASHFIX_RESULT=") or [])}
     failures, report = [], []
     for row in rows:
         state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
