@@ -1,16 +1,13 @@
 """flashfix: backports of upstream FlashInfer-backend fixes into vLLM and SGLang, applied at import.
 
-At interpreter start ``flashfix.pth`` (``flashfix.start`` on Python 3.15+, PEP 829) imports
-only ``_flashfix_boot``, a top-level module of a few lines whose finder imports this package
-when the code of ``vllm``, ``sglang`` or ``flashinfer`` first starts to run (from that
-package's loader, not from a finder, where Python holds its global import lock); so a Python
-process that never imports an engine (pip, a health check) pays for that small module alone.
-``import flashfix`` itself and the engines' plugin entry points activate directly. No engine,
-torch, FlashInfer or wrapt is imported here. When an engine's top-level package is imported,
-the patch packs named after it are loaded (flashfix's own patch module for that engine and any
-other distribution's, entry-point group ``flashfix.patches``), and each patch is applied once
-its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
-loads on use.
+At interpreter start ``flashfix.pth`` (``flashfix.start`` on Python 3.15+, PEP 829) imports only
+``_flashfix_boot``, a small top-level module whose finder imports this package when the code of
+``vllm``, ``sglang`` or ``flashinfer`` first starts to run (from that package's loader: a finder
+runs under Python's global import lock), so a process that never imports an engine (pip, a health
+check) pays for that module alone. ``import flashfix`` and the engines' plugin entry points
+activate directly. No engine, torch, FlashInfer or wrapt is imported here. An engine's first
+import loads the patch packs named after it (``flashfix.core.packs``); each patch applies once its
+own target modules are imported. Everything else (``status``, ``revert``, ``doctor``) loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
 ``sys.meta_path`` (and moves back there whenever it is asked, if a finder was put ahead of it
@@ -132,9 +129,9 @@ def _spec_class(base):
 
             return copyreg._reconstructor, (base, object, None), dict(self.__dict__)
 
-        cls = type(base.__name__, (base,), {"__slots__": (), "__setattr__": __setattr__, "__module__": base.__module__,
-                                            "__qualname__": base.__qualname__, "__reduce_ex__": __reduce_ex__})
-        _spec_classes[base] = cls
+        _spec_classes[base] = cls = type(base.__name__, (base,), {
+            "__slots__": (), "__setattr__": __setattr__, "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__reduce_ex__": __reduce_ex__})
     return cls
 
 
@@ -202,10 +199,6 @@ def flush():
             on_error(name, exc)
 
 
-def _real(loader):
-    return loader._loader if type(loader) is _Loader else loader
-
-
 def _to_front(finder):
     """Put ``finder`` back at the front of sys.meta_path. Called from its ``find_spec`` while
     the import system walks that list: removing it from index i and inserting it at 0 leaves
@@ -254,7 +247,7 @@ class _Loader:
         return self._loader.__reduce_ex__(protocol)
 
     def __eq__(self, other):
-        return self._loader == _real(other)
+        return self._loader == (other._loader if type(other) is _Loader else other)
 
     def __hash__(self):
         return hash(self._loader)

@@ -1,13 +1,12 @@
-"""``flashfix verify``'s numeric checks, on a GPU, of the engines' own code against float64 computed
-from exactly the values the kernel reads (relative L2 errors of the whole output). torch and
-FlashInfer are imported inside the functions, never when this module loads.
+"""``flashfix verify``'s numeric checks, on a GPU: the engines' own code against float64 computed from
+exactly the values the kernel reads (relative L2 error of the whole output). torch and FlashInfer
+are imported inside the functions, never when this module loads.
 
 Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) runs the engine's
-patched functions (installed, or loaded from a wheel or tree by ``EngineModuleFinder`` with stand-in
-engine imports) and the original code kept for ``revert`` on the same inputs, building only what the
-function reads (``self``, the layer, the batch or metadata); it counts the FlashInfer calls made
-from the engine's file (``Calls``) and fails a function that read a stand-in (``drive``).
-``sink_sequence``: several sink wrappers in one process (the JIT kernel-name collision).
+patched functions (installed, or loaded by ``EngineModuleFinder`` with stand-in engine imports) and
+the code kept for ``revert`` on the same inputs, building only what the function reads; it counts the
+FlashInfer calls made from the engine's file (``Calls``) and fails a function that read a stand-in
+(``drive``). ``sink_sequence``: several sink wrappers in one process (the JIT kernel-name collision).
 """
 
 import functools
@@ -24,10 +23,7 @@ import types
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 2, 64, 16
 
 # (name, [(new tokens, kv length), ...], window_left)
-SINK_CASES = (
-    ("no prefix", [(1, 1), (57, 57), (300, 300)], -1),
-    ("sliding window 128", [(400, 400), (128, 1000)], 128),
-)
+SINK_CASES = (("no prefix", [(1, 1), (57, 57), (300, 300)], -1), ("sliding window 128", [(400, 400), (128, 1000)], 128))
 SINK = "BatchAttentionWithAttentionSinkWrapper"
 
 # (prefix tokens in the FP8 cache, new tokens) per request
@@ -129,8 +125,7 @@ class PagedBatch:
         """float64 [kv_len, Hkv, D] of request ``index`` as a correct read sees it."""
         cache = self.k_read if which == "k" else self.v_read
         start, end = int(self.kv_indptr[index]), int(self.kv_indptr[index + 1])
-        pages = cache[self.kv_indices[start:end].long()]
-        return pages.reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
+        return cache[self.kv_indices[start:end].long()].reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
 
     def reference(self, sm_scale, window_left=-1):
         import torch
@@ -271,9 +266,7 @@ class Calls:
 
     def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
         for name in names:
-            method = getattr(wrapper, name)
-
-            def counted(*args, _m=method, _n=name, **kwargs):
+            def counted(*args, _m=getattr(wrapper, name), _n=name, **kwargs):
                 caller = sys._getframe(1)
                 if caller.f_code.co_filename == self.file:
                     self.log.append("%s.%s line %d" % (label, _n, caller.f_lineno))
@@ -654,8 +647,7 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
     for i, (p, _) in enumerate(requests):  # the request's slots; its extend slots hold garbage until written
         slots = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
         req_to_token[i, :len(slots)] = slots
-        for c in (cache.k_cache, cache.v_cache):
-            c[slots[p:].long()] = 30.0
+        cache.k_cache[slots[p:].long()] = cache.v_cache[slots[p:].long()] = 30.0
 
     def gather(table, rows, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
         for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist())):
