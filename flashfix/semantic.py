@@ -699,7 +699,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape`` that decides; ``check``:
     callable ``(module)``, at apply time. Either refuses by raising ``ShapeError`` (``from
     flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
-    dict ``{distribution: specifiers}`` the fixed code needs; unmet: unknown-shape. Reference:
+    dict ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed (a wheel read: its own exact pins). Reference:
     docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:

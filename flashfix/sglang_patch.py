@@ -267,3 +267,57 @@ KNOWN = (Known(
             "soft-capping (Gemma-2, Grok) run uncapped on the FlashInfer backend",
     why_not="the upstream fix is not merged; no release carries it to backport"),
 )
+
+
+# --- MoE and crash fixes ------------------------------------------------------------------------
+
+TRTLLM_FP8_SWIGLU_LIMIT = Backport(
+    id="sglang-trtllm-fp8-moe-swiglu-limit", engine="sglang", fixed_in="0.5.20", versions=">=0.5.18",
+    requires={"flashinfer-python": ">=0.6.18"}, upstream="https://github.com/sgl-project/sglang/pull/39920",
+    module="sglang.srt.layers.quantization.fp8", function="Fp8MoEMethod._prepare_flashinfer_trtllm_activation_params",
+    absent_unless_mentioned="_prepare_flashinfer_trtllm_activation_params",
+    fixed="{name} falls back to swiglu_limit for the clamp", buggy="{name} (line {line}) builds the clamp from gemm1_clamp_limit only",
+    before="""
+for $N, $V in (("gemm1_alpha", $C.gemm1_alpha), ("gemm1_beta", $C.gemm1_beta), ("gemm1_clamp_limit", $C.gemm1_clamp_limit)):
+    $$$BODY""",
+    after="""
+clamp_limit = $C.gemm1_clamp_limit if $C.gemm1_clamp_limit is not None else $C.swiglu_limit
+for $N, $V in (("gemm1_alpha", $C.gemm1_alpha), ("gemm1_beta", $C.gemm1_beta), ("gemm1_clamp_limit", clamp_limit)):
+    $$$BODY""",
+    summary="flashinfer_trtllm FP8 MoE: the per-expert gemm1 clamp falls back to the model's swiglu_limit",
+    doc="""Why: models with a clamped SwiGLU (GLM-5.3-Flash, swiglu_limit=10) carry the clamp in
+    MoeRunnerConfig.swiglu_limit; the flashinfer_trtllm FP8 path builds its per-expert clamp tensor
+    from gemm1_clamp_limit only, which stays None: the experts run an unclamped SwiGLU, no error
+    (GSM8K 0.928 against 0.936 with triton). How: the clamp is gemm1_clamp_limit, else swiglu_limit,
+    as upstream. Affected: 0.5.18 and 0.5.19 (the function first appears in 0.5.18). Carried where
+    flashinfer-python is 0.6.18 or newer (0.5.19's pin; flashinfer#4405): 0.6.17, 0.5.18's pin, raises
+    on any clamp in the DeepSeek-FP8 block-scale MoE, so there it is known-unfixed.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.20.""")
+
+PATCHES += (TRTLLM_FP8_SWIGLU_LIMIT,)
+
+
+# --- cross-attention decode planned with the decoder's lengths (fixed in SGLang 0.5.10) -----------
+
+CROSS_ATTN_DECODE_PLAN = Backport(
+    id="sglang-cross-attn-decode-plan-lens", engine="sglang", versions=">=0.5.1", fixed_in="0.5.10",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.9...v0.5.10",
+    module=_BACKEND, function="FlashInferIndicesUpdaterDecode.update_cross_attention",
+    before="$SELF.call_begin_forward($$$A, seq_lens_cpu=seq_lens_cpu, **$$$KW)",
+    after="$SELF.call_begin_forward($$$A, seq_lens_cpu=seq_lens_cpu if wrapper_id == 0 else encoder_lens.cpu(), **$$$KW)",
+    fixed_if="$_.call_begin_forward($$$_, seq_lens_cpu=kv_lens_cpu, **$$$_)",  # upstream names the lengths
+    buggy="{name} (line {line}) plans the cross-attention wrapper with the decoder's CPU lengths",
+    summary="FlashInfer decode of encoder-decoder models: the cross-attention wrapper is planned with the encoder "
+            "lengths, not the decoder's",
+    doc="""Why: for encoder-decoder (cross-attention) models, ``update_cross_attention`` plans two decode
+    wrappers, the decoder's own tokens (wrapper 0) and the encoder's (wrapper 1), but hands both the
+    decoder's ``seq_lens_cpu``. Under CUDA graphs the wrappers plan through FlashInfer's
+    ``fast_decode_plan``, which takes those CPU lengths as the KV layout it schedules (split-KV
+    tiles): the encoder wrapper's work is sized for the decoder's lengths, so encoder KV beyond them
+    is not scheduled (mllama-style models: silently wrong cross-attention; read from FlashInfer's
+    plan, not measured on a GPU). How: wrapper 1 gets the encoder lengths on the CPU, as upstream. Affected: 0.5.1 to 0.5.9 (0.5.10 passes ``kv_lens_cpu`` per wrapper; PR not identified).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.10.""")
+
+PATCHES += (CROSS_ATTN_DECODE_PLAN,)

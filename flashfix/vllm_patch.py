@@ -366,3 +366,113 @@ KNOWN = (Known(
                after="trtllm_batch_decode_with_kv_cache(**$$$KW, multi_ctas_kv_counter_buffer=$SELF._counter)",
                fixed_if="trtllm_batch_decode_with_kv_cache($$$_, multi_ctas_kv_counter_buffer=$_, **$$$_)"),
 ),)
+
+
+# --- MoE and crash fixes ------------------------------------------------------------------------
+
+TRTLLM_FP8_SWIGLU = dict(  # upstream's 0.29.0 form (tests derive the pre-fix shape from it)
+    module="vllm.model_executor.layers.fused_moe.experts.trtllm_fp8_moe",
+    function="TrtLlmFp8ExpertsBase.is_supported_config",
+    before="""
+if not $OK or $CFG.num_experts <= 2048:
+    return $OK, $WHY
+return False, $TOO_MANY""",
+    after="""
+if not $OK:
+    return $OK, $WHY
+if ($CFG.swiglu_limit is not None or $CFG.swiglu_alpha is not None or $CFG.swiglu_beta is not None) and (
+        weight_key, activation_key) != (kMxfp8Static, kMxfp8Dynamic):
+    return False, "the TRTLLM FP8 kernels apply the SwiGLU alpha/beta/clamp parameters only for MXFP8 weights"
+if $CFG.num_experts > 2048:
+    return False, $TOO_MANY
+return True, None""")
+
+TRTLLM_FP8_SWIGLU_GATE = Backport(
+    id="vllm-trtllm-fp8-moe-swiglu-gate", engine="vllm", versions=">=0.28", fixed_in="0.29.0",
+    upstream="https://github.com/vllm-project/vllm/pull/54160", **TRTLLM_FP8_SWIGLU,
+    fixed_if="$_.swiglu_limit is not None",  # 0.30.0 (vLLM #55069) also admits DeepSeek-FP8
+    absent_unless_mentioned="is_supported_config",
+    fixed="{name} refuses a SwiGLU clamp/alpha/beta it cannot apply",
+    buggy="{name} (line {line}) admits models with a SwiGLU clamp/alpha/beta on every FP8 scheme",
+    summary="TRT-LLM FP8 MoE is not selected for a model with a SwiGLU clamp/alpha/beta unless its weights are MXFP8",
+    doc="""Why: the TRT-LLM FP8 MoE experts are chosen for models whose config sets swiglu_limit/alpha/
+    beta, but only FlashInfer's MXFP8 kernel applies them: the per-tensor kernel has no clamp
+    (silently unclamped SwiGLU, wrong output) and FlashInfer 0.6.16's DeepSeek-FP8 kernel raises on
+    one. How: is_supported_config refuses such a model unless its weights are MXFP8, so vLLM's oracle
+    picks another MoE backend, as upstream. Affected: 0.28.0, the only release where the class
+    defines is_supported_config (0.22.0 to 0.27.1 inherit the generic one: the same selection, not
+    carried). Open above: a later build with the pre-fix shape loses nothing by falling back.
+
+    Delete when: flashfix no longer supports vLLM 0.28.""")
+
+PATCHES += (TRTLLM_FP8_SWIGLU_GATE,)
+
+
+# --- FlashInfer workspace sized for the prefill chunk's heads (fixed in vLLM 0.26.0) -------------
+
+WORKSPACE_SIZE = Backport(
+    id="vllm-prefill-workspace-size", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    module=TARGET, function=BUILDER + "._get_workspace_buffer", fixed_if="$B = max($B, $_)",
+    buggy="{name} (line {line}) allocates the fixed default workspace whatever the prefill chunk's heads",
+    before="""
+if envs.VLLM_BATCH_INVARIANT:
+    $B = $BI""",
+    after="""
+if envs.VLLM_BATCH_INVARIANT:
+    $B = $BI
+else:
+    $B = max($B, $SELF.vllm_config.scheduler_config.max_num_batched_tokens * $SELF.num_qo_heads * $SELF.head_dim * 16)""",
+    summary="the FlashInfer workspace is at least max_num_batched_tokens x query heads x head_dim x 16 bytes, so "
+            "wide-head models do not overflow it at prefill",
+    doc="""Why: FlashInfer's prefill temporaries grow with the prefill chunk's tokens x query heads x
+    head_dim, but the builder allocates the fixed default workspace (VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
+    ~394 MiB): a wide-head model at the default 8192-token chunk outgrows it, and FlashInfer raises
+    instead of growing it (seen on SM120): the engine fails at its first large prefill.
+    How: outside batch-invariant mode the workspace is the larger of the default and that estimate
+    (16 bytes an element, as upstream). Affected: 0.20.0 to 0.25.1 (0.26.0 sizes it; PR not identified).
+
+    Delete when: flashfix no longer supports vLLM older than 0.26.0.""")
+
+PATCHES += (WORKSPACE_SIZE,)
+
+
+# --- vLLM PR #53111: XQA decode given a head_dim it cannot serve --------------------------------
+
+_DECODE_KERNEL = pattern("$_.flashinfer_trtllm_api_decode_kernel")
+
+
+def _xqa_decode(tree, func):
+    """Before 0.25 the builder chooses no XQA decode kernel (nothing to fall back from). Only the
+    function is read: walking the module would parse all of its runs (+0.4 MiB on vLLM 0.28.0)."""
+    return {} if find(_DECODE_KERNEL, [func]) else Shape(
+        ABSENT, "%s.__init__ chooses no FlashInfer decode kernel (no XQA decode in this release)" % BUILDER)
+
+
+XQA_HEAD_DIM = Backport(
+    id="vllm-xqa-head-dim", engine="vllm", versions=">=0.25", fixed_in="0.29.0",
+    upstream="https://github.com/vllm-project/vllm/pull/53111",
+    module=TARGET, function=BUILDER + ".__init__", context=_xqa_decode,
+    before="$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL",
+    after="""
+$SELF.flashinfer_trtllm_api_decode_kernel: $T = $KERNEL
+if $SELF.flashinfer_trtllm_api_decode_kernel == FlashInferDecodeKernel.XQA and not (
+        16 <= $SELF.head_dim <= 256 and $SELF.head_dim % 16 == 0):
+    logger.warning_once("flashfix: XQA decode cannot serve head_dim=%d; native FlashInfer decode is used for this "
+                        "KV-cache group", $SELF.head_dim)
+    $SELF.use_trtllm_decode_attention = False
+    $SELF.flashinfer_trtllm_api_decode_kernel = None""",
+    fixed_if=("16 <= $_.head_dim <= 256", "_is_xqa_head_dim_supported($_)"),
+    buggy="{name} (line {line}) chooses XQA decode whatever the head_dim",
+    summary="FlashInfer decode falls back from XQA to the native kernel for KV-cache groups whose head_dim XQA "
+            "cannot serve (16 to 256, a multiple of 16)",
+    doc="""Why: the builder picks the XQA decode kernel (SM90; SM12x from 0.28) for every KV-cache group,
+    but FlashInfer's XQA takes head_dim 16 to 256 in steps of 16: a model with wider heads (Gemma 4's
+    global-attention layers, head_dim 512) fails at engine start ("Invalid head_dim: 512").
+    How: right after the kernel is chosen, a group whose head_dim XQA cannot serve is given native
+    FlashInfer decode (one warning), as upstream; other groups keep XQA. Affected: 0.25.0 (the first
+    release with XQA decode) to 0.28.0; 0.30.0 moved the test to _is_xqa_head_dim_supported.
+
+    Delete when: flashfix no longer supports vLLM older than 0.29.0.""")
+
+PATCHES += (XQA_HEAD_DIM,)

@@ -385,7 +385,7 @@ def git_commit():
 
 # --- the README table --------------------------------------------------------------------------
 
-VERDICT_ORDER = ("patch", "fixed-upstream", "not-affected", "unknown-shape")
+VERDICT_ORDER = ("patch", "fixed-upstream", "not-affected", "known-unfixed", "unknown-shape")
 
 
 def _note_text(row, reason):

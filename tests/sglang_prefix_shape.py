@@ -29,7 +29,8 @@ from flashfix import semantic, sglang_patch  # noqa: E402
 FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
 MODEL_CONFIG = "sglang.srt.configs.model_config"
 AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
-DECLARED = [p for p in sglang_patch.PATCHES if p.rule is not None and p.rule.derivable]
+# PR #34217's derivable declarations (the MoE clamp fix has its own derived check, tests/test_moe_fixes.py)
+DECLARED = [p for p in sglang_patch.PATCHES if p.id in (sglang_patch.FP8_ID, sglang_patch.VISION_ID)]
 DERIVE = {p.targets[0]: functools.partial(semantic.derive_prefix, p) for p in DECLARED}
 
 

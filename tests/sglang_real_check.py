@@ -38,6 +38,10 @@ import sglang.srt.configs.model_config as model_config  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_mla_backend as flashinfer_mla_backend  # noqa: E402
 import sglang.srt.model_executor.model_runner  # noqa: E402,F401
+try:  # the MoE clamp fix's target (sglang-trtllm-fp8-moe-swiglu-limit): decided here like the others
+    import sglang.srt.layers.quantization.fp8 as quant_fp8  # noqa: E402
+except ImportError:
+    quant_fp8 = None
 from flashfix import semantic, sglang_patch  # noqa: E402
 
 status = {row["id"]: row for row in flashfix.status() if row["engine"] == "sglang"}
@@ -560,3 +564,37 @@ report("reverted", {
     "sm120_global_added": {k: "is_sm120_supported" in f.__globals__ for k, f in functions.items()},
 })
 report("without", exercises())
+
+
+def clamp_exercise():
+    """The release's own Fp8MoEMethod._prepare_flashinfer_trtllm_activation_params (CPU tensors): the
+    per-expert clamp it builds, as released and with the declaration's runtime edit applied (the
+    0.5.19 shape is 0.5.18's; 0.5.18 is outside the declared range, so the edit is applied here by hand)."""
+    method = getattr(getattr(quant_fp8, "Fp8MoEMethod", None), "_prepare_flashinfer_trtllm_activation_params", None)
+    if method is None:
+        return None
+    patch = sglang_patch.TRTLLM_FP8_SWIGLU_LIMIT
+
+    def run():
+        out = {}
+        for name, (clamp, limit) in {"limit_only": (None, 10.0), "both": (3.0, 10.0), "none": (None, None)}.items():
+            cfg = SimpleNamespace(gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=clamp, swiglu_limit=limit)
+            layer = SimpleNamespace(num_local_experts=4, w13_weight=torch.empty(1))
+            method(SimpleNamespace(moe_runner_config=cfg), layer)
+            t = layer._flashinfer_trtllm_gemm1_clamp_limit
+            out[name] = None if t is None else t.tolist()
+        return out
+
+    out = {"probe": patch.probe({quant_fp8.__name__: _source.module_ast(quant_fp8.__name__)}).kind, "released": run()}
+    if out["probe"] == "buggy":
+        changes = patch.prepare({quant_fp8.__name__: quant_fp8})
+        for change in changes:
+            change.apply()
+        out["patched"] = run()
+        for change in reversed(changes):
+            change.undo()
+        out["undone"] = run()
+    return out
+
+
+report("clamp", clamp_exercise())

@@ -38,6 +38,8 @@ FP8, AUTOTUNE, VISION = released.FP8, released.AUTOTUNE, released.VISION
 DERIVED = (FP8, VISION)
 LATER = (released.DRAFT, released.MLA_DRAFT, released.HEADS)  # fixed before 0.5.18: fixed-upstream here (their derived shapes: test_sglang_real)
 SWA_FULL = released.SWA_FULL  # fixed in 0.5.21: patch on 0.5.18, fixed-upstream on 0.5.23
+CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # fixed in 0.5.20; 0.5.18 pins a FlashInfer without the clamp
+XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in 0.5.10
 RELEASES = ("0.5.18", "0.5.23")
 WIDENED = ">=0.5.11"  # the oldest SGLang release the tests cover, no upper bound
 STANDARD_CONFIG_SHOWS_VISION_BUG = {"0.5.18": True, "0.5.23": False}
@@ -197,12 +199,13 @@ def test_derived_doctor(release):
     # the probes recognise the pre-fix shape of the two derived parts; autotune stays fixed
     swa_fixed = release == "0.5.23"
     assert {pid: kind for pid, (kind, _) in d["probe"].items()} == dict(
-        {FP8: "buggy", VISION: "buggy", AUTOTUNE: "fixed", SWA_FULL: "fixed" if swa_fixed else "buggy"},
-        **dict.fromkeys(LATER, "fixed")), d["probe"]
+        {FP8: "buggy", VISION: "buggy", AUTOTUNE: "fixed", SWA_FULL: "fixed" if swa_fixed else "buggy",
+         CLAMP: "fixed" if swa_fixed else "buggy"}, **dict.fromkeys(LATER + (XATTN,), "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
     assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
-        {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch"},
-        **dict.fromkeys(LATER, "fixed-upstream")), d["shipped"]
+        {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch",
+         CLAMP: "fixed-upstream" if swa_fixed else "known-unfixed"},  # 0.5.18's FlashInfer 0.6.17 takes no clamp
+        **dict.fromkeys(LATER + (XATTN,), "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
 
@@ -212,7 +215,8 @@ def test_derived_patched_at_runtime_and_reverted(release):
     assert r["derived_loaded"] == {derive.FLASHINFER_BACKEND: True, derive.MODEL_CONFIG: True}
     states = {pid: row["state"] for pid, row in r["status"].items()}
     assert states == dict({FP8: "applied", VISION: "applied", SWA_FULL: "fixed-upstream" if release == "0.5.23" else
-                           "applied"}, **dict.fromkeys((AUTOTUNE,) + LATER, "fixed-upstream")), r["status"]
+                           "applied", CLAMP: "fixed-upstream" if release == "0.5.23" else "known-unfixed"},
+                          **dict.fromkeys((AUTOTUNE, XATTN) + LATER, "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:
         assert not r["functions"]["untouched"][pid], "%s: applied but the code is the file's" % pid

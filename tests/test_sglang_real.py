@@ -44,6 +44,10 @@ AUTOTUNE_SITE = {
     "0.5.18": "should_run_flashinfer_autotune",
     "0.5.23": "should_run_flashinfer_autotune",
 }
+CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # function from 0.5.18; carried with FlashInfer 0.6.18 (0.5.19's pin)
+for _release, _verdicts in EXPECTED.items():
+    EXPECTED[_release] = dict(_verdicts, **{CLAMP: {"0.5.18": "known-unfixed", "0.5.23": "fixed-upstream"}.get(
+        _release, "not-affected")}, **{"sglang-cross-attn-decode-plan-lens": "fixed-upstream"})  # fixed in 0.5.10
 RELEASES = list(EXPECTED)
 SCRIPT = Path(__file__).with_name("sglang_real_check.py")
 
@@ -319,3 +323,18 @@ def test_autotune_fixed_when_only_its_own_module_is_imported(release):
     assert r["site"] == {"0.5.14": "sglang.srt.model_executor.runner.base_runner"}.get(
         release, "sglang.srt.model_executor.runner.flashinfer_autotune")
     assert r["state"] == "applied" and r["decision"] is True
+
+
+@pytest.mark.parametrize("release", ["0.5.18", "0.5.23"])
+def test_trtllm_fp8_clamp_falls_back_to_swiglu_limit(release):
+    """The release's own function builds the per-expert clamp; 0.5.18 drops swiglu_limit, 0.5.23 (fixed)
+    uses it, and 0.5.18 with the declaration's edit builds exactly what 0.5.23 builds."""
+    r = report(release)["clamp"]
+    fixed = {"limit_only": [10.0] * 4, "both": [3.0] * 4, "none": None}
+    if release == "0.5.23":
+        assert r["probe"] == "fixed" and r["released"] == fixed, r
+        return
+    assert r["probe"] == "buggy", r
+    assert r["released"] == dict(fixed, limit_only=None), r  # the bug as released: no clamp
+    assert r["patched"] == fixed, r
+    assert r["undone"] == r["released"], r

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from packaging.version import Version
 
 from conftest import REPO, RESULT
 
@@ -56,6 +57,7 @@ EXPECTED = {
     ("sglang", "0.5.17"): _sglang("patch", "patch", "patch", "fixed-upstream", "fixed-upstream", "patch"),
     ("sglang", "0.5.18"): _sglang("fixed-upstream", "fixed-upstream", "fixed-upstream", "fixed-upstream",
                                   "fixed-upstream", "patch"),
+    ("sglang", "0.5.19"): _sglang(*["fixed-upstream"] * 5, "patch"),
     ("sglang", "0.5.20"): _sglang(*["fixed-upstream"] * 5, "patch"),
     ("sglang", "0.5.21"): _sglang(*["fixed-upstream"] * 6),
     ("vllm", "0.20.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill in mla_attention.py
@@ -70,6 +72,24 @@ EXPECTED = {
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
+CLAMP, GATE = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate"
+for (_dist, _version), _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins FlashInfer 0.6.17)
+    if _dist == "sglang":
+        _verdicts[CLAMP] = {"0.5.18": "known-unfixed", "0.5.19": "patch"}.get(_version, "not-affected" if Version(
+            _version) < Version("0.5.18") else "fixed-upstream")
+    if _dist == "vllm":
+        _verdicts[GATE] = "not-affected" if Version(_version) < Version("0.28") else "patch" if Version(
+            _version) < Version("0.29") else "fixed-upstream"
+XQA = "vllm-xqa-head-dim"  # vLLM #53111: XQA decode from 0.25.0, fixed in 0.29.0
+WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
+XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
+for (_dist, _version), _verdicts in EXPECTED.items():
+    if _dist == "sglang":
+        _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
+    if _dist == "vllm":
+        _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
+                          "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
+        _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 

@@ -282,8 +282,16 @@ class ZipReader:
                     break
         return self._versions[wanted]
 
-    def version(self, dist):
-        return self._metadata_member(dist)[1]
+    def version(self, dist):  # else the wheel's one exact pin of ``dist``: what installing the wheel brings
+        from email.parser import HeaderParser
+        from packaging.requirements import Requirement
+
+        found = self._metadata_member(dist)[1]
+        texts = [] if found else [self._read_member(m).decode("utf-8", "replace") for ms in self._metadata.values() for m in ms]
+        pins = [str(s.version) for t in texts for r in map(Requirement, HeaderParser().parsestr(t).get_all("Requires-Dist", []))
+                if _normal(r.name) == _normal(dist) and (not r.marker or r.marker.evaluate({"extra": ""}))
+                for s in r.specifier if s.operator == "==" and "*" not in s.version]
+        return found or (pins[0] if len(pins) == 1 else None)
 
     def version_source(self, dist):
         member, _ = self._metadata_member(dist)
@@ -414,18 +422,11 @@ class Composite:
         return None
 
     def version(self, dist):
-        for r in self.readers:
-            value = r.version(dist)
-            if value is not None:
-                return value
-        return None
+        return next((v for v in (r.version(dist) for r in self.readers) if v is not None), None)
 
     def version_source(self, dist):
-        for r in self.readers:
-            if r.version(dist) is not None:
-                source = getattr(r, "version_source", None)
-                return source(dist) if source is not None else None
-        return None
+        r = next((r for r in self.readers if r.version(dist) is not None), None)
+        return getattr(r, "version_source", lambda dist: None)(dist)
 
     def entry_points(self, group):
         out = []

@@ -5,13 +5,13 @@ declares ``Patch`` objects in ``PATCHES``; ``_declare`` registers them. Nothing 
 engine. For each patch, once all its target modules
 are imported:
 
-1. disabled by FLASHFIX_DISABLE?                      -> ``disabled``
+1. disabled by FLASHFIX_DISABLE? -> ``disabled``
 2. the shape probe reads the targets' source (ast; a target without source is
    ``unknown-shape``):
    fix already there -> ``fixed-upstream``; bug unreachable in this code -> ``not-affected``;
    unrecognised -> ``unknown-shape``; pre-fix shape -> 3.
 3. version gate: the installed version must be inside ``versions`` (pre-releases and dev
-   builds included), else ``unknown-shape``.
+   builds included), else ``unknown-shape``; ``requires`` unmet: ``known-unfixed``.
 4. ``prepare(modules)`` builds every change without touching anything (a ``ShapeError``
    here is ``unknown-shape``); the changes are then committed in order and, if one fails,
    the ones already made are undone: ``applied`` or ``failed``, never half.
@@ -23,7 +23,7 @@ from another module's import. The targets are then taken out of sys.modules, as 
 for a failed import, so every later import of them runs them again, is judged again and fails
 again; that also covers a target whose import was over before flashfix was activated.
 
-Threads: the registry's lock guards bookkeeping only; it is never held while a probe, a
+Threads: the lock guards bookkeeping only; it is never held while a probe, a
 ``prepare()`` or an apply runs (they may import), so an import in another thread never waits
 on flashfix. A patch being decided in one thread is skipped by another (``busy``), and
 decided again if its targets ran again meanwhile. A reload of a target runs the decision
@@ -75,7 +75,7 @@ Patch = namedtuple("Patch", [
     "plan",  # (planner: _diff.Planner) -> None: the same changes made from source, for ``flashfix diff``
     "doc",  # why / how / when to delete (a declarative backport's; optional)
     "rule",  # the declaration (``semantic.Declaration``: its hunks, sites, hooks), or None for a hand-written patch
-    "requires",  # {distribution: PEP 440 specifiers} the fixed code needs, read where the engine is; unmet: unknown-shape
+    "requires",  # {distribution: PEP 440 specifiers} the fixed code needs, read where the engine is; unmet: known-unfixed
 ], defaults=(None, None, None, None))
 
 
@@ -456,8 +456,8 @@ def judge(patch, trees, version, claims=None):
         if in_range(patch, version):  # then what the fix requires: read only where it would apply
             unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed") for d, s in
                      sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
-            if unmet:
-                return "unknown-shape", "pre-fix shape, but the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
+            if unmet:  # the fix needs a newer dependency than the environment (or the wheel's own pin) has
+                return "known-unfixed", "pre-fix shape, not carried here: the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
             taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
             if taken:
                 return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]

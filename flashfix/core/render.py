@@ -61,7 +61,24 @@ def parses_as(text, node):
             if isinstance(node, ast.keyword) else [ast.parse("(%s\n)" % text, mode="eval").body]
     except SyntaxError:
         return False
-    return len(got) == 1 and ast.dump(got[0]) == ast.dump(node)
+    return len(got) == 1 and equal(got[0], node)
+
+
+def equal(a, b):
+    """``ast.dump(a) == ast.dump(b)``, without writing the two dumps (a long function's are megabytes)."""
+    pairs = [(a, b)]
+    while pairs:
+        x, y = pairs.pop()
+        x, y = (None if v == [] else v for v in (x, y))  # an empty list prints as nothing, like None
+        if type(x) is not type(y) or isinstance(x, list) and len(x) != len(y):
+            return False
+        if isinstance(x, ast.AST):
+            pairs.extend((getattr(x, f, None), getattr(y, f, None)) for f in x._fields)
+        elif isinstance(x, list):
+            pairs.extend(zip(x, y))
+        elif repr(x) != repr(y):
+            return False
+    return True
 
 
 _SLOTS = (ast.Call, ast.keyword, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Assign, ast.AnnAssign, ast.AugAssign,
@@ -162,7 +179,7 @@ class Writer:
         self.put(start, end, reindent(text, self.indent(start)))
 
     def diff(self, old, new, top=False, parent=None):
-        if ast.dump(old) == ast.dump(new):
+        if equal(old, new):
             return
         mark = len(self.edits)
         try:
@@ -323,7 +340,7 @@ def _parse_function(text, line_map):
 
 def _same(text, line_map, expected):
     try:
-        return ast.dump(_parse_function(text, line_map)) == ast.dump(expected)
+        return equal(_parse_function(text, line_map), expected)
     except (SyntaxError, RenderError, IndexError):
         return False
 

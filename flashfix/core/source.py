@@ -541,15 +541,14 @@ def _compile(func, def_node, tree):
     """Compile ``def_node`` as ``func``'s code: same file, lines, ``__future__`` flags, free
     variables, global/local bindings and private-name mangling."""
     code = func.__code__
-    node = copy.deepcopy(def_node)
-    node.decorator_list = []
-    args = node.args
+    node = copy.copy(def_node)  # shallow: the body is compiled as it is, never changed (a deep copy of a
+    node.decorator_list, node.returns, args = [], None, copy.copy(def_node.args)  # long function costs megabytes)
+    node.args = args
     args.defaults = [ast.Constant(None) for _ in args.defaults]
     args.kw_defaults = [None if d is None else ast.Constant(None) for d in args.kw_defaults]
-    for arg in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
-        if arg is not None:
-            arg.annotation = None
-    node.returns = None
+    bare = lambda a: a and ast.arg(a.arg, None, **{k: getattr(a, k, None) for k in a._attributes})  # noqa: E731
+    args.posonlyargs, args.args, args.kwonlyargs = ([bare(a) for a in v] for v in (args.posonlyargs, args.args, args.kwonlyargs))
+    args.vararg, args.kwarg = bare(args.vararg), bare(args.kwarg)
     parts = func.__qualname__.split(".")
     owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
     if owner is not None:  # keep private-name mangling and the __class__ cell of zero-arg super()
@@ -634,8 +633,8 @@ def rewrite(func, edit):
     nothing is done (ShapeError): the file was edited after import, or someone else already
     changed the function. ShapeError also when ``edit`` refuses.
     """
-    text, origin = function_source(func)
-    tree = parse_text(text, origin)
+    tree = parse_text(*function_source(func))
+    text, origin = tree.flashfix_text, tree.flashfix_origin  # the text already read, not a second copy
     original = _def_node(func, tree)
     problem = code_difference(_compile(func, original, tree), func.__code__)
     if problem:
@@ -646,6 +645,7 @@ def rewrite(func, edit):
     node = copy.deepcopy(original)
     edit(node)
     rendered = render_edit(text, original, node, origin)  # compiled from the text ``flashfix diff`` shows
+    del original, node, text  # a long function's trees are megabytes: free them before compiling again
     with_marker = _compile(func, rendered.tree(rendered.MARKED), tree)
     without = _compile(func, rendered.tree(rendered.PLAIN), tree)
     return with_marker, without
