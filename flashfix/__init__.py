@@ -182,9 +182,8 @@ def _import_finished(spec):
 
 
 def flush():
-    """Run the callbacks that wait for an import whose end could not be watched (a legacy
-    loader). Called by ``status()``; never from a finder. A strict failure here is reported and
-    takes the module out of sys.modules, so that its next import fails."""
+    """Run the callbacks waiting for an import whose end could not be watched (a legacy loader), from
+    ``status()``. A strict failure is reported and the module leaves sys.modules (its next import fails)."""
     if not _deferred:
         return
     with _lock:
@@ -200,9 +199,8 @@ def flush():
 
 
 def _to_front(finder):
-    """Put ``finder`` back at the front of sys.meta_path. Called from its ``find_spec`` while
-    the import system walks that list: removing it from index i and inserting it at 0 leaves
-    every later index as it was, so the walk goes on with the same next finder."""
+    """Put ``finder`` back at the front of sys.meta_path, from its ``find_spec`` while the import system walks
+    that list: taken from index i and put at 0, every later index is as it was (the walk goes on the same)."""
     meta = sys.meta_path
     try:
         for i, other in enumerate(meta):
@@ -344,9 +342,8 @@ def _install():
 
 
 def when_imported(name, callback):
-    """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, when
-    its import ends if it is being imported right now (in this thread or another), and again
-    after a reload or re-import. Never from a finder."""
+    """Call ``callback(module)`` after ``name``'s code has run: at once if it has, when its import ends if it
+    is being imported now (in any thread), and again after a reload or re-import. Never from a finder."""
     with _lock:  # the finder looks at a name from now on, so no import of it slips between the two
         _callbacks.setdefault(name, [])
     _install()

@@ -202,10 +202,9 @@ def _spliced(item, b):
 
 
 def build(template, b, at=None, src=None):
-    """A new node: ``template`` with its metavariables replaced by copies of their bindings;
-    the template's own nodes get the position of ``at`` when given, and their spelling
-    (``flashfix_text``, for ``_render``): the pattern's own text, each metavariable written as
-    the engine's text of its binding."""
+    """A new node: ``template`` with its metavariables replaced by copies of their bindings; its own nodes
+    get the position of ``at`` when given, and their spelling (``flashfix_text``, for ``_render``): the
+    pattern's own text, each metavariable written as the engine's text of its binding."""
     name = _meta(template)
     if name is not None:  # the binding, in the template's load/store context (``$X = f($X)``)
         new = copy.deepcopy(b[name])
@@ -535,13 +534,10 @@ class Declaration:
             return self._absent(trees, defs), None, None
         located, layout = [], next(layout for layout in self.layouts if layout[0] == defs[0][:2])
         for index, rule in enumerate(self.hunks):  # a hunk's function is read only if no earlier one is fixed
-            if index == 0:
-                modname, qualname, func = defs[0]
-            else:
-                modname, qualname = layout[index]
-                if modname not in trees:
-                    trees[modname] = tree_of(modname)
-                func = _target(trees[modname], qualname)
+            modname, qualname = layout[index]  # layout[0]: the site of defs[0]
+            if modname not in trees:
+                trees[modname] = tree_of(modname)
+            func = defs[0][2] if index == 0 else _target(trees[modname], qualname)
             fixed = rule.fixed_form(func) if func is not None else None
             if fixed is not None:
                 return fixed, None, None
@@ -725,10 +721,9 @@ def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # n
 
 
 def derive_prefix(patch, text):
-    """``text`` (a module's source with the fix) with each hunk's ``after`` form turned back into
-    ``before`` in its function (of the layout in ``sites`` that ``text`` defines): a pre-fix shape.
-    Lines outside the changed statements keep their text. ValueError unless every ``after`` is
-    upstream's form and matches exactly once (at least once under ``every``)."""
+    """``text`` (a module's source with the fix) with each hunk's ``after`` turned back into ``before`` in its
+    function (of the layout in ``sites`` that ``text`` defines), other lines kept: a pre-fix shape.
+    ValueError unless every ``after`` is upstream's form and matches once (at least once under ``every``)."""
     from flashfix.core import render as _render
 
     decl = patch.rule

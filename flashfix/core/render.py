@@ -346,9 +346,8 @@ def _same(text, line_map, expected):
 
 
 def render(text, original, edited, origin=None):
-    """``Rendered`` for the def node ``original`` (parsed from the module source ``text``)
-    edited into ``edited`` (a copy of it, changed in place by a patch's edit; statements made
-    by ``_source.marker`` are the one-time marker)."""
+    """``Rendered`` for the def node ``original`` (parsed from the module source ``text``) edited into
+    ``edited`` (a copy changed by a patch's edit; statements made by ``_source.marker``: the marker)."""
     lines = _lines(text, closed=True)
     start, end = _first_line(original), original.end_lineno
     before = "".join(lines[start - 1:end])

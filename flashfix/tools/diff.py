@@ -89,12 +89,8 @@ class AddName(namedtuple("AddName", "module origin name value defined")):
                                    self.name, self.value))
 
 
-class Location:
-    """Where the def or class ``node`` of ``module`` stands: its first line (decorators included) to its last."""
-
-    def __init__(self, module, qualname, origin, node):
-        self.module, self.qualname, self.origin, self.last = module, qualname, origin, node.end_lineno
-        self.first = _source._first_line(node)
+class Location(namedtuple("Location", "module qualname origin first last")):
+    """Where a def or class of ``module`` stands: its first line (decorators included) to its last."""
 
     def where(self):
         return "%s lines %d-%d" % (self.origin, self.first, self.last)
@@ -124,7 +120,7 @@ def locate(module, qualname):
     node = _source.find_def(tree, qualname)
     if node is None:
         raise ShapeError("%s has no %s" % (module, qualname))
-    return Location(module, qualname, found.origin, node)
+    return Location(module, qualname, found.origin, _source._first_line(node), node.end_lineno)
 
 
 def _resolve(module, node):
@@ -150,7 +146,7 @@ def definition(module, name, depth=0):
     except ShapeError:  # no source, or bound in a way the source cannot tell
         return None
     if node is not None:
-        return Location(module, name, found.origin, node)
+        return Location(module, name, found.origin, _source._first_line(node), node.end_lineno)
     if depth >= 5:
         return None
     for stmt in ast.walk(tree):

@@ -117,8 +117,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
     if strict and (bad or packs or (cfg.problems and cfg.strict)):
-        for r in bad:
-            sys.stderr.write("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
-                             % (r["id"], r["engine"], r["engine_version"], r["reason"]))
+        sys.stderr.writelines("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
+                              % (r["id"], r["engine"], r["engine_version"], r["reason"]) for r in bad)
         return 1
     return 0

@@ -48,9 +48,8 @@ def rel_l2(out, ref):
 
 
 def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
-    """float64 causal attention of one request. q [n, Hq, D], k/v [m, Hkv, D]; query i sits at
-    position m - n + i; ``sinks`` (natural-log logits per query head) join the softmax
-    denominator only, as FlashInfer's AttentionSink variant does."""
+    """float64 causal attention of one request, q [n, Hq, D], k/v [m, Hkv, D], query i at position m - n + i;
+    ``sinks`` (natural-log logits per query head) join the softmax denominator only, as in FlashInfer."""
     import torch
 
     (n, hq, _), (m, hkv, _) = q.shape, k.shape
@@ -71,9 +70,8 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
 
 
 def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
-    """float64 causal attention of each request's new tokens (rows ``qo[i]:qo[i + 1]`` of q, k,
-    v) over its cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, [tokens, -1]; None
-    on the CPU (the CPU tests' FlashInfer computes nothing)."""
+    """float64 causal attention, [tokens, -1], of each request's new tokens (rows ``qo[i]:qo[i + 1]``) over its
+    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves; None on the CPU (tests' FlashInfer)."""
     import torch
 
     if q.device.type == "cpu":

@@ -51,10 +51,8 @@ def _well_formed(op, value):
     if op == "version":
         return _optional_str(value.get("version")) and _optional_str(value.get("file"))
     if op == "find":
-        if value.get("found") is False:
-            return True
         kind = value.get("kind")
-        return (value.get("found") is True and _optional_str(value.get("origin"))
+        return value.get("found") is False or (value.get("found") is True and _optional_str(value.get("origin"))
                 and kind in ("file", "namespace", "sourceless", "text")
                 and (kind != "text" or isinstance(value.get("text"), str))
                 and (kind != "file" or isinstance(value.get("origin"), str)))
