@@ -32,7 +32,7 @@ from flashfix import semantic, sglang_patch
 ROUNDS, CALLS = %(rounds)d, %(calls)d
 state = {r["id"]: r["state"] for r in flashfix.status()}
 assert state["sglang-fp8-kv-scales"] == "applied", state
-func = semantic._own_function(fb.FlashInferAttnBackend, "forward_extend", fb)
+func = semantic.function_at(fb, "FlashInferAttnBackend.forward_extend")
 
 HEADS, KV_HEADS, DIM, TOKENS = 8, 2, 64, 16
 out = torch.zeros(TOKENS, HEADS, DIM)

@@ -1,16 +1,13 @@
 """flashfix: backports of upstream FlashInfer-backend fixes into vLLM and SGLang, applied at import.
 
-At interpreter start ``flashfix.pth`` (``flashfix.start`` on Python 3.15+, PEP 829) imports
-only ``_flashfix_boot``, a top-level module of a few lines whose finder imports this package
-when the code of ``vllm``, ``sglang`` or ``flashinfer`` first starts to run (from that
-package's loader, not from a finder, where Python holds its global import lock); so a Python
-process that never imports an engine (pip, a health check) pays for that small module alone.
-``import flashfix`` itself and the engines' plugin entry points activate directly. No engine,
-torch, FlashInfer or wrapt is imported here. When an engine's top-level package is imported,
-the patch packs named after it are loaded (flashfix's own patch module for that engine and any
-other distribution's, entry-point group ``flashfix.patches``), and each patch is applied once
-its own target modules are imported. Everything else (``status``, ``revert``, ``doctor``)
-loads on use.
+At interpreter start ``flashfix.pth`` (``flashfix.start`` on Python 3.15+, PEP 829) imports only
+``_flashfix_boot``, a small top-level module whose finder imports this package when the code of
+``vllm``, ``sglang`` or ``flashinfer`` first starts to run (from that package's loader: a finder
+runs under Python's global import lock), so a process that never imports an engine (pip, a health
+check) pays for that module alone. ``import flashfix`` and the engines' plugin entry points
+activate directly. No engine, torch, FlashInfer or wrapt is imported here. An engine's first
+import loads the patch packs named after it (``flashfix.core.packs``); each patch applies once its
+own target modules are imported. Everything else (``status``, ``revert``, ``doctor``) loads on use.
 
 Post-import hooks (standard library only): one finder sits at the front of
 ``sys.meta_path`` (and moves back there whenever it is asked, if a finder was put ahead of it
@@ -18,19 +15,12 @@ since); for a watched module it asks the other finders for the real spec and wra
 so that, once the module's code has run, the module's callbacks run. The wrapper looks like the
 real loader to everything but ``type()`` (``isinstance``, equality, ``__dict__``; a copy or
 pickle of it is the real loader) and puts the real loader back on the module and its spec.
-A module already imported gets its callbacks at once; a reload runs them again.
-
-The rest of this module's documentation is the comment block below.
+A module already imported gets its callbacks at once, a reload runs them again, and one still
+being imported (flashfix activated from inside its import, by a plugin loader, or in another
+thread) gets them when its import ends (``_watch``). Nothing is ever decided, probed or imported
+from a finder. A callback that raises is contained (reported through ``on_error``) unless it
+raises ``HookAbort``: under strict mode any failure of a callback fails the import.
 """
-# A module still being imported when a callback is registered (flashfix activated from inside
-# its import, by a plugin loader, or in another thread) gets them when its import ends, in the
-# thread that imports it: the import system's last step sets ``spec._initializing = False``, and
-# that one spec object is given, until then, a subclass of its own class whose ``__setattr__``
-# calls back (see ``_watch``). That runs under the module's own import lock only, never under the
-# global import lock, and an exception raised there is raised by that import. Nothing is ever
-# decided, probed or imported from a finder. A callback that raises is contained (reported
-# through ``on_error``) unless it raises ``HookAbort``, which is how strict mode makes an import
-# fail loudly; under strict mode any failure of a callback does.
 
 import _imp
 import _thread  # not threading: threading pulls functools and collections into every start
@@ -38,23 +28,14 @@ import sys
 
 __version__ = "0.2.0"
 
-# Engine top-level package -> flashfix's own patch module for it. Its keys are the packages
-# whose first import loads patches (flashfix's and the packs' of the entry-point group
-# ``flashfix.patches`` named after them, see _packs); its values are also declared in that group
-# in pyproject.toml, and are added from here when no installed metadata lists them (a source
-# checkout). The mechanism itself (below, _registry and _packs) is generic.
-PATCH_MODULES = {
-    "vllm": "flashfix.vllm_patch",
-    "sglang": "flashfix.sglang_patch",
-    "flashinfer": "flashfix.flashinfer_patch",
-}
+# Engine top-level package, whose first import loads patches (flashfix's and the packs' named after
+# it, see _packs) -> flashfix's own patch module for it (also an entry point in pyproject.toml).
+# The mechanism itself (below, _registry and _packs) is generic.
+PATCH_MODULES = {"vllm": "flashfix.vllm_patch", "sglang": "flashfix.sglang_patch",
+                 "flashinfer": "flashfix.flashinfer_patch"}
 
-_API = {
-    "status": "flashfix.core.registry",
-    "revert": "flashfix.core.registry",
-    "PatchError": "flashfix.core.registry",
-    "ConfigError": "flashfix.core.config",
-}
+_API = {"status": "flashfix.core.registry", "revert": "flashfix.core.registry", "PatchError": "flashfix.core.registry",
+        "ConfigError": "flashfix.core.config"}
 
 
 # --- post-import hooks ------------------------------------------------------------------------
@@ -98,16 +79,20 @@ def _call(name, callback, module):
 
 
 def _take(name):
-    """Under ``_lock``: every callback of ``name``, which is about to run them all; a watch on
-    the end of its import becomes redundant."""
+    """Under ``_lock``: every callback of ``name``, about to run them all (a watch on its import's end is dropped)."""
     _deferred.pop(name, None)
     _unwatch(name)
     return list(_callbacks.get(name, ()))
 
 
 def _run(name, module, callbacks):
-    for callback in callbacks:
-        _call(name, callback, module)
+    try:
+        for callback in callbacks:
+            _call(name, callback, module)
+    except HookAbort:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]  # as for any failed import: the next import runs it, and is judged, again
+        raise
 
 
 _executed = set()  # names whose code has run and whose callbacks are running (still "initializing")
@@ -116,20 +101,17 @@ _executed = set()  # names whose code has run and whose callbacks are running (s
 def _complete(name):
     """``name`` is imported and its code has run (true inside its own post-import callbacks)."""
     module = sys.modules.get(name)
-    if module is None:
-        return False
-    return name in _executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and (name in _executed or not getattr(spec, "_initializing", False))
 
 
-# Watching the end of an import already in progress. The import system marks a module being
-# imported with ``spec._initializing = True`` and, in ``_load_unlocked``, sets it back to False
-# in a ``finally`` once the module's code has run and it sits in sys.modules: the last step of
-# the import, taken under that module's own lock and never under the global import lock. To
-# hear that step, the spec object alone is given, for the rest of its import, a subclass of its
-# own class (same name, no new state) whose ``__setattr__`` calls back; its class is put back at
-# once. An exception raised there is raised by that import (it is in a ``finally`` of the import
-# itself), so strict mode fails the target's own import; flashfix first takes the module out of
-# sys.modules, as Python does for any import that fails, so the next import of it runs again.
+# Watching the end of an import already in progress: in ``_load_unlocked`` the import system sets
+# ``spec._initializing`` back to False in a ``finally``, once the module's code has run and it sits
+# in sys.modules, under that module's own lock, never the global import lock. To hear that step the
+# spec object alone is given, for the rest of its import, a subclass of its own class (same name,
+# no new state) whose ``__setattr__`` calls back; its class is put back at once. An exception raised
+# there is raised by that import, so strict mode fails the target's own import (``_run`` first takes
+# the module out of sys.modules, so the next import of it runs again).
 
 _spec_classes = {}
 
@@ -147,9 +129,9 @@ def _spec_class(base):
 
             return copyreg._reconstructor, (base, object, None), dict(self.__dict__)
 
-        cls = type(base.__name__, (base,), {"__slots__": (), "__setattr__": __setattr__, "__module__": base.__module__,
-                                            "__qualname__": base.__qualname__, "__reduce_ex__": __reduce_ex__})
-        _spec_classes[base] = cls
+        _spec_classes[base] = cls = type(base.__name__, (base,), {
+            "__slots__": (), "__setattr__": __setattr__, "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__reduce_ex__": __reduce_ex__})
     return cls
 
 
@@ -196,18 +178,12 @@ def _import_finished(spec):
             return  # the import failed: the callbacks stay registered for the next one
         if callbacks is _ALL:
             callbacks = list(_callbacks.get(name, ()))
-    try:
-        _run(name, current, callbacks)
-    except HookAbort:
-        if sys.modules.get(name) is current:
-            del sys.modules[name]  # as for any failed import: the next import runs it, and is judged, again
-        raise
+    _run(name, current, callbacks)
 
 
 def flush():
-    """Run the callbacks that wait for an import whose end could not be watched (a legacy
-    loader). Called by ``status()``; never from a finder. A strict failure here is reported and
-    takes the module out of sys.modules, so that its next import fails."""
+    """Run the callbacks waiting for an import whose end could not be watched (a legacy loader), from
+    ``status()``. A strict failure is reported and the module leaves sys.modules (its next import fails)."""
     if not _deferred:
         return
     with _lock:
@@ -216,23 +192,15 @@ def flush():
             del _deferred[name]  # its import failed; its callbacks stay registered for the next one
         ready = [(name, list(_callbacks.get(name, ())) if c is _ALL else c) for name, c in ready]
     for name, callbacks in ready:
-        module = sys.modules.get(name)
         try:
-            _run(name, module, callbacks)
+            _run(name, sys.modules.get(name), callbacks)
         except HookAbort as exc:
-            if sys.modules.get(name) is module:
-                del sys.modules[name]
             on_error(name, exc)
 
 
-def _real(loader):
-    return loader._loader if type(loader) is _Loader else loader
-
-
 def _to_front(finder):
-    """Put ``finder`` back at the front of sys.meta_path. Called from its ``find_spec`` while
-    the import system walks that list: removing it from index i and inserting it at 0 leaves
-    every later index as it was, so the walk goes on with the same next finder."""
+    """Put ``finder`` back at the front of sys.meta_path, from its ``find_spec`` while the import system walks
+    that list: taken from index i and put at 0, every later index is as it was (the walk goes on the same)."""
     meta = sys.meta_path
     try:
         for i, other in enumerate(meta):
@@ -245,10 +213,8 @@ def _to_front(finder):
 
 
 class _Loader:
-    """Delegates to the real loader, then runs the module's post-import callbacks. Looks like
-    the real loader to everything but ``type()``: ``__class__`` and ``isinstance``, ``__dict__``
-    and so equality, hash, repr, attributes set on it; a copy or pickle of it is a copy of the
-    real loader."""
+    """Delegates to the real loader, then runs the module's post-import callbacks; looks like the
+    real loader to everything but ``type()`` (the module docstring)."""
 
     __slots__ = ("_loader", "_name")
 
@@ -279,7 +245,7 @@ class _Loader:
         return self._loader.__reduce_ex__(protocol)
 
     def __eq__(self, other):
-        return self._loader == _real(other)
+        return self._loader == (other._loader if type(other) is _Loader else other)
 
     def __hash__(self):
         return hash(self._loader)
@@ -357,10 +323,8 @@ class _Finder:
 
 def _install():
     """Put the finder on sys.meta_path, once per process: in the start-up finder's slot if there
-    is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing),
-    else at the front. Under Python's global import lock, which every change flashfix's finders
-    make to sys.meta_path is made under (they move themselves to the front from find_spec), and
-    which is held here for nothing but these list operations."""
+    is one (replaced in place, so a walk over sys.meta_path in another thread skips nothing), else
+    at the front; under Python's global import lock, as every change flashfix makes to that list."""
     _imp.acquire_lock()
     try:
         meta = sys.meta_path
@@ -378,9 +342,8 @@ def _install():
 
 
 def when_imported(name, callback):
-    """Call ``callback(module)`` after ``name``'s code has run: at once if it already has, when
-    its import ends if it is being imported right now (in this thread or another), and again
-    after a reload or re-import. Never from a finder."""
+    """Call ``callback(module)`` after ``name``'s code has run: at once if it has, when its import ends if it
+    is being imported now (in any thread), and again after a reload or re-import. Never from a finder."""
     with _lock:  # the finder looks at a name from now on, so no import of it slips between the two
         _callbacks.setdefault(name, [])
     _install()
@@ -413,13 +376,10 @@ def generation(name):
 # --- activation -------------------------------------------------------------------------------
 
 
-def _patch_module_loader(top):
-    def load(module):
-        from flashfix.core import registry as _registry
+def _load_engine(top, module):
+    from flashfix.core import registry as _registry
 
-        _registry.load_engine(top)
-
-    return load
+    _registry.load_engine(top)
 
 
 def activate():
@@ -431,7 +391,7 @@ def activate():
     for top in PATCH_MODULES:
         if not _activated.get(top):
             _activated[top] = True
-            when_imported(top, _patch_module_loader(top))
+            when_imported(top, lambda module, top=top: _load_engine(top, module))
 
 
 _activated = {}

@@ -18,36 +18,28 @@ expression, or statements: several match consecutive statements of one block), a
 ``$X`` matches one expression (or an attribute name, ``obj.$A``), the same ``$X`` twice
 structurally equal code (ctx, positions ignored), ``$_`` anything; ``$$$X`` zero or more items
 of a list (arguments, statements, ``and`` operands, elements) and ``**$$$X`` the keywords a call
-pattern does not name. Keywords match by name in
-any order; metavariables never match ``*x``/``**x``. ``inside``: look for the forms only in code
-matching this pattern. ``where``: a pattern that must match once elsewhere in the function; its
-bindings (e.g. a sibling call's arguments) serve ``after``.
-
-The rest of this module's documentation is the comment block below.
+pattern does not name. Keywords match by name in any order; metavariables never match
+``*x``/``**x``. ``inside``: look for the forms only in code matching this pattern. ``where``: a
+pattern that must match once elsewhere in the function; its bindings (e.g. a sibling call's
+arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; more in the comment below.
 """
-# Every keyword, with its type: ``Backport``'s docstring (``help(Backport)``).
-#
 # Derived from the one declaration:
 # * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
 #   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
 #   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
 #   (``where`` binding, ``constraints`` met), no @property-like wrapper, every name the new code
 #   reads a local, a builtin or a global the module (or ``needs``) binds -> patch (``check`` named:
-#   decided at import); else unknown-shape, naming where the nearest candidate differs.
-#   ``fixed``/``buggy``: reason texts (``str.format``: ``{line}``, ``{name}``, ``{form}``, metavariables);
-# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each
-#   hunk's function recompiled from its own source with its nodes replaced (``_registry.rewrite``;
-#   the text, ``_render``, spells them as the pattern does, a one-time marker at ``$RAN`` or before
-#   the edited statement), or, where ``function`` names a class or is None (the module), the
-#   changed statements run there and what they bind is set on it (``SetAttr``); the imported
-#   module is asked again for each name the new code reads, and refuses the patch whole with the
-#   probe's reason;
-# * ``derive_prefix(patch, text)``: ``after`` -> ``before`` on a fixed release's module, for tests
-#   (one hunk whose ``after`` is upstream's form).
-#
+#   decided at import); else unknown-shape, naming where the nearest candidate differs;
+# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each hunk's
+#   function recompiled from its own source with its nodes replaced (``_registry.rewrite``; the
+#   text spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited
+#   statement), or, for a class or the module (``function`` None), the changed statements run there
+#   and what they bind is set on it (``SetAttr``); the imported module is asked again for each name
+#   the new code reads, and refuses the patch whole with the probe's reason.
 # A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
-# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast`` (ast-grep-py costs 12-15 ms
-# and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the engine-process goal is at most 1 MiB).
+# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast``
+# (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the
+# engine-process goal is at most 1 MiB).
 
 import ast
 import builtins
@@ -92,13 +84,10 @@ def pattern(text, keyword="pattern"):
 
 
 def _meta(node, prefix=ONE):
-    if isinstance(node, ast.Expr) and prefix == MANY:
+    """The metavariable ``node`` spells (``$$$X`` also as a statement or a ``**`` keyword), or None."""
+    if prefix == MANY and (isinstance(node, ast.Expr) or isinstance(node, ast.keyword) and node.arg is None):
         node = node.value
-    if isinstance(node, ast.keyword) and node.arg is None and prefix == MANY:
-        node = node.value
-    if isinstance(node, ast.Name) and node.id.startswith(prefix):
-        return node.id[len(prefix):]
-    return None
+    return node.id[len(prefix):] if isinstance(node, ast.Name) and node.id.startswith(prefix) else None
 
 
 def _splat(node):
@@ -161,10 +150,8 @@ def _match_list(ps, ts, b):
 
 
 def _match_call(p, t, b):
-    if not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
-        return False
-    given = {kw.arg: kw for kw in t.keywords}
-    if None in given:  # the code passes **kwargs: what it passes cannot be told
+    given = {kw.arg: kw for kw in t.keywords}  # None in it: the code passes **kwargs, what it passes cannot be told
+    if None in given or not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
         return False
     rest = None
     for kw in p.keywords:
@@ -172,8 +159,7 @@ def _match_call(p, t, b):
             rest = _meta(kw, MANY)
         elif kw.arg not in given or not match(kw.value, given[kw.arg].value, b):
             return False
-    named = {kw.arg for kw in p.keywords}
-    extra = [kw for kw in t.keywords if kw.arg not in named]
+    extra = [kw for kw in t.keywords if kw.arg not in {k.arg for k in p.keywords}]
     return _bind(rest, extra, b) if rest is not None else not extra
 
 
@@ -216,10 +202,9 @@ def _spliced(item, b):
 
 
 def build(template, b, at=None, src=None):
-    """A new node: ``template`` with its metavariables replaced by copies of their bindings;
-    the template's own nodes get the position of ``at`` when given, and their spelling
-    (``flashfix_text``, for ``_render``): the pattern's own text, each metavariable written as
-    the engine's text of its binding."""
+    """A new node: ``template`` with its metavariables replaced by copies of their bindings; its own nodes
+    get the position of ``at`` when given, and their spelling (``flashfix_text``, for ``_render``): the
+    pattern's own text, each metavariable written as the engine's text of its binding."""
     name = _meta(template)
     if name is not None:  # the binding, in the template's load/store context (``$X = f($X)``)
         new = copy.deepcopy(b[name])
@@ -233,10 +218,8 @@ def build(template, b, at=None, src=None):
             out = []
             for item in value:
                 spliced = _spliced(item, b) if isinstance(item, ast.AST) else None
-                if spliced is not None:
-                    out.extend(copy.deepcopy(spliced))
-                else:
-                    out.append(build(item, b, at, src) if isinstance(item, ast.AST) else item)
+                out += copy.deepcopy(spliced) if spliced is not None else [
+                    build(item, b, at, src) if isinstance(item, ast.AST) else item]
             setattr(node, field, out)
         elif isinstance(value, ast.AST):
             setattr(node, field, build(value, b, at, src))
@@ -282,10 +265,8 @@ def _spell(src, template, b, spell, marked):
 
 
 def _text(value):
-    if isinstance(value, Block):
-        return "; ".join(_text(s) for s in value.body)
-    if isinstance(value, list):
-        return ", ".join(_text(v) for v in value)
+    if isinstance(value, (Block, list)):  # statements, or items
+        return ("; " if isinstance(value, Block) else ", ").join(_text(v) for v in getattr(value, "body", value))
     return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
 
 
@@ -307,18 +288,6 @@ def words(node):
     return [w for w in (getattr(node, f) for f in _WORD_FIELDS.get(type(node), ())) if w]
 
 
-def _own_function(owner, name, module):
-    """The plain function ``name`` defined by ``owner`` (a class or a module) in ``module``'s
-    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none."""
-    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    for _ in range(10):
-        code = getattr(obj, "__code__", None)
-        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
-            return obj
-        obj = getattr(obj, "__wrapped__", None)
-    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
-
-
 _BODIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
 
 
@@ -328,23 +297,26 @@ def _target(tree, qualname):
 
 
 def function_at(module, qualname):
-    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) of ``module``."""
+    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
+    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none."""
     owner = module
     *outer, name = qualname.split(".")
     for part in outer:
         owner = getattr(owner, part, None)
         if not isinstance(owner, type):
             raise ShapeError("%s has no class %s" % (module.__name__, part))
-    return _own_function(owner, name, module)
+    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    for _ in range(10):
+        code = getattr(obj, "__code__", None)
+        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
+            return obj
+        obj = getattr(obj, "__wrapped__", None)
+    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
 
 
 class Rule:
     """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function``, the
-    compiled patterns and what is derived from them. ``fixed_if``: patterns whose presence means
-    the fix is in (default: ``after``; give them when upstream's fix is not ``after``'s form);
-    ``constraints``: ``{metavariable: regex}`` its code (each item's, for ``$$$X``) must match;
-    ``every``: replace every match of ``before`` (at least one), not exactly one. ``$SELF`` is the
-    function's first parameter; ``$RAN``, a statement of ``after``, places the one-time marker."""
+    compiled patterns and what is derived from them (the keywords: ``Backport``'s docstring)."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
@@ -435,8 +407,8 @@ class Rule:
                      and ast.dump(c.func) == ast.dump(head.func) and id(c) not in inside), None)
 
     def _say(self, text, func, node, b, **more):
-        values = dict({k: _text(v) for k, v in b.items()}, **more)
-        return text.format(line=node.lineno, name=getattr(func, "name", self.name), **values)
+        return text.format(line=node.lineno, name=getattr(func, "name", self.name),
+                           **dict({k: _text(v) for k, v in b.items()}, **more))
 
     def _missing(self, func, scopes, tree):
         if self.word and tree is not None and _mention(tree, self.word) is None:
@@ -541,10 +513,7 @@ class Declaration:
             defining += [modname] if node else []
         return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
 
-    @property
-    def derivable(self):
-        """Is every hunk's ``after`` upstream's form (``derive_prefix`` can turn it back)?"""
-        return all(h.derivable for h in self.hunks)
+    derivable = property(lambda self: all(h.derivable for h in self.hunks))  # every ``after`` is upstream's form
 
     def locate(self, tree_of, trees=None):
         """``[(module, qualname, def node)]``: each site that defines the first hunk's function;
@@ -565,13 +534,10 @@ class Declaration:
             return self._absent(trees, defs), None, None
         located, layout = [], next(layout for layout in self.layouts if layout[0] == defs[0][:2])
         for index, rule in enumerate(self.hunks):  # a hunk's function is read only if no earlier one is fixed
-            if index == 0:
-                modname, qualname, func = defs[0]
-            else:
-                modname, qualname = layout[index]
-                if modname not in trees:
-                    trees[modname] = tree_of(modname)
-                func = _target(trees[modname], qualname)
+            modname, qualname = layout[index]  # layout[0]: the site of defs[0]
+            if modname not in trees:
+                trees[modname] = tree_of(modname)
+            func = defs[0][2] if index == 0 else _target(trees[modname], qualname)
             fixed = rule.fixed_form(func) if func is not None else None
             if fixed is not None:
                 return fixed, None, None
@@ -579,11 +545,9 @@ class Declaration:
         missing = [q for _, _, q, func in located if func is None]
         if missing:
             return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None
-        given = {}
-        if self.context is not None:
-            given = self.context(trees[located[0][1]], located[0][3])
-            if isinstance(given, Shape):
-                return given, None, None
+        given = self.context(trees[located[0][1]], located[0][3]) if self.context is not None else {}
+        if isinstance(given, Shape):
+            return given, None, None
         out, first, names = [], None, set()
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
@@ -757,10 +721,9 @@ def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # n
 
 
 def derive_prefix(patch, text):
-    """``text`` (a module's source with the fix) with each hunk's ``after`` form turned back into
-    ``before`` in its function (of the layout in ``sites`` that ``text`` defines): a pre-fix shape.
-    Lines outside the changed statements keep their text. ValueError unless every ``after`` is
-    upstream's form and matches exactly once (at least once under ``every``)."""
+    """``text`` (a module's source with the fix) with each hunk's ``after`` turned back into ``before`` in its
+    function (of the layout in ``sites`` that ``text`` defines), other lines kept: a pre-fix shape.
+    ValueError unless every ``after`` is upstream's form and matches once (at least once under ``every``)."""
     from flashfix.core import render as _render
 
     decl = patch.rule

@@ -58,7 +58,7 @@ def untouched(func):
 
 
 def plain(owner, name, module):
-    return semantic._own_function(owner, name, module)
+    return semantic.function_at(module, name if owner is module else "%s.%s" % (owner.__qualname__, name))
 
 
 # --- the functions the patches are about ---------------------------------------------------

@@ -51,8 +51,8 @@ class Config(namedtuple("Config", "disable_all disabled strict log_level problem
 def names_patches(environ=None):
     """Does FLASHFIX_DISABLE name patch ids (anything but ``all``)? Only then does ``parse``
     need every registered id."""
-    env = os.environ if environ is None else environ
-    return any(item.strip().lower() not in ("", "all") for item in env.get("FLASHFIX_DISABLE", "").split(","))
+    disable = (os.environ if environ is None else environ).get("FLASHFIX_DISABLE", "")
+    return any(item.strip().lower() not in ("", "all") for item in disable.split(","))
 
 
 def parse(valid_ids, environ=None):
@@ -68,10 +68,8 @@ def parse(valid_ids, environ=None):
     level = log_level(env.get("FLASHFIX_LOG_LEVEL", ""))
     if level is None:
         level = logging.INFO
-        problems.append(
-            "FLASHFIX_LOG_LEVEL=%r is not a level; use one of %s or a number (using INFO)"
-            % (env["FLASHFIX_LOG_LEVEL"], ", ".join(LEVELS))
-        )
+        problems.append("FLASHFIX_LOG_LEVEL=%r is not a level; use one of %s or a number (using INFO)"
+                        % (env["FLASHFIX_LOG_LEVEL"], ", ".join(LEVELS)))
 
     disable_raw = env.get("FLASHFIX_DISABLE", "").strip()
     items = [item.strip() for item in disable_raw.split(",") if item.strip()]
@@ -79,9 +77,6 @@ def parse(valid_ids, environ=None):
     ids = [item for item in items if item.lower() != "all"]
     unknown = [item for item in ids if item not in valid_ids]
     if unknown:
-        problems.append(
-            "FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
-            % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids)))
-        )
-    disabled = frozenset(item for item in ids if item in valid_ids)
-    return Config(disable_all, disabled, strict, level, tuple(problems))
+        problems.append("FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
+                        % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids))))
+    return Config(disable_all, frozenset(item for item in ids if item in valid_ids), strict, level, tuple(problems))

@@ -2,36 +2,28 @@
 ``flashfix.patches``.
 
 An entry point's *name* is the engine's top-level package whose import loads it (a key of
-``flashfix.PATCH_MODULES``: ``vllm``, ``sglang`` or ``flashinfer``); its *value* is a module,
-or a ``module:attribute`` object, with ``PATCHES``: the ``Patch`` objects it declares (a
-``flashfix.semantic.Backport`` is one). A pack that patches two engines declares two entry
-points. flashfix's own patch modules are entry points of this group in its own
-``pyproject.toml`` and are loaded by the same ``load`` as any pack, so the public path runs on
-every engine import. A copy of flashfix without installed metadata (a source checkout on
-``PYTHONPATH``), or whose installed metadata is another copy's, still loads its own patches:
-``entries`` adds each ``PATCH_MODULES`` module that the metadata does not list, as an entry of
-the distribution ``flashfix`` (``builtin`` true), loaded by that same function.
+``flashfix.PATCH_MODULES``); its *value* is a module, or a ``module:attribute`` object, with
+``PATCHES``: the ``Patch`` objects it declares (a ``flashfix.semantic.Backport`` is one). A pack
+that patches two engines declares two entry points. flashfix's own patch modules are entries of
+this group too, loaded by the same ``load``; a copy without installed metadata (a source
+checkout), or whose metadata is another copy's, adds those the metadata does not list
+(``builtin``).
 
-Nothing here runs at interpreter start: the entry points are read (``importlib.metadata``) when an
-engine's top-level package is first imported, and by ``status``, ``doctor``, ``diff`` and the sweep.
-Then, if only flashfix's own are installed, that engine's are imported; else every pack is, flashfix's
-own first, so ids are claimed in one order whichever engine comes first.
+The entry points are read when an engine's top-level package is first imported (never at
+interpreter start), and by ``status``, ``doctor``, ``diff`` and the sweep. If only flashfix's own
+are installed, that engine's are imported; else every pack is, flashfix's own first, so ids are
+claimed in one order whichever engine comes first.
 
-A pack is loaded whole or not at all: if its import fails, if it has no ``PATCHES``, if one
-declaration is not a ``Patch`` or lacks a field, or if an id is already taken (by flashfix or
-another pack) or repeated, none of its patches is registered, and one problem line names the
-distribution and the entry point. The registry logs it, and under ``FLASHFIX_STRICT=1`` the
-engine's import fails with ``PatchError``.
+A pack is loaded whole or not at all: if its import fails, it has no ``PATCHES``, a declaration
+is not a well-formed ``Patch``, or an id is taken or repeated, none of its patches is registered
+and one problem line names the distribution and the entry point (the registry logs it; under
+``FLASHFIX_STRICT=1`` the engine's import fails with ``PatchError``).
 
-The rest of this module's documentation is the comment block below.
+Another environment's packs (``doctor --path``/``--python``) are listed from its metadata and named,
+not run, or with ``--run-packs`` imported *here* from the folder or wheel that holds their module
+(a temporary ``sys.path`` entry), so this flashfix judges them; flashfix's own entries there are
+skipped.
 """
-# Another environment (``flashfix doctor --path``/``--python``): the packs installed *there* are
-# listed from that environment's metadata (``entry_points.txt`` of the distributions in the
-# folders or wheel read; for ``--python`` the other interpreter lists them), named and not run
-# (reading a build never executes it), or with ``--run-packs`` imported *here*,
-# from the folder (or wheel) that holds their module, through a temporary ``sys.path`` entry,
-# so their declarations are judged by this flashfix. flashfix's own entries there are skipped:
-# this copy's patches are the ones judged.
 
 import importlib
 import os
@@ -57,10 +49,9 @@ def skipped(entry, problem):
 
 
 def _merge(listed):
-    """flashfix's own entries first (listed or built in: its ids win over a pack's), in
-    ``PATCH_MODULES`` order whatever order the metadata lists them in (so the doctor's rows are
-    the same from an installed flashfix and from a source checkout), then the other packs in the
-    metadata's order."""
+    """flashfix's own entries first (listed or built in: its ids win over a pack's), in ``PATCH_MODULES``
+    order (so the doctor's rows are the same from an installed flashfix and from a source checkout),
+    then the other packs in the metadata's order."""
     own = [e for e in listed if e.dist is not None and _normal(e.dist) == OWN]
     values = {e.value for e in own}
     order = {module: i for i, module in enumerate(flashfix.PATCH_MODULES.values())}
@@ -79,16 +70,14 @@ def installed():
     if not _installed_cache:
         from importlib import metadata
 
-        found = [(ep.name, ep.value, ep.dist.name if getattr(ep, "dist", None) is not None else None)
-                 for ep in metadata.entry_points(group=GROUP)]
-        _installed_cache.append(_merge([Entry(name, name, value, dist, None) for name, value, dist in found]))
+        _installed_cache.append(_merge([Entry(ep.name, ep.name, ep.value, getattr(getattr(ep, "dist", None), "name", None))
+                                        for ep in metadata.entry_points(group=GROUP)]))
     return _installed_cache[0]
 
 
 def foreign(reader):
-    """``(entries, [(entry, problem)])`` of the environment ``reader`` reads (``doctor
-    --path/--python``): the packs listed there, each with the folder to import it from;
-    flashfix's own entries there are left out (this copy's patches are judged)."""
+    """``(entries, [(entry, problem)])``: the packs listed in the environment ``reader`` reads, each with
+    the folder to import it from, flashfix's own left out (this copy's patches are judged)."""
     lister = getattr(reader, "entry_points", None)
     found, problems = [], []
     for name, value, dist in (lister(GROUP) if lister is not None else ()):
@@ -111,9 +100,7 @@ def _root(reader, value):
         raise LookupError("no module %s there" % module)
     archive, _, member = found.origin.partition("!/")  # a wheel's member, or a file
     parts = (member or found.origin).replace(os.sep, "/").split("/")
-    depth = len(module.split("."))
-    if parts[-1] == "__init__.py":
-        depth += 1
+    depth = len(module.split(".")) + (parts[-1] == "__init__.py")
     base = "/".join(parts[:-depth]) if len(parts) > depth else ""
     if member:
         return archive + ("/" + base if base else "")
@@ -182,10 +169,8 @@ def _import(module, root):
     try:
         return importlib.import_module(module)
     finally:
-        try:
+        if root in sys.path:
             sys.path.remove(root)
-        except ValueError:
-            pass
         for name in [n for n in list(sys.modules) if family(n)]:
             del sys.modules[name]  # the pack's objects live on; its modules leave this process's namespace
         sys.modules.update(saved)

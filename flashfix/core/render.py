@@ -14,6 +14,7 @@ import ast
 import bisect
 import copy
 import difflib
+import itertools
 import re
 
 from flashfix.core.source import ShapeError, _first_line
@@ -31,9 +32,10 @@ class _Up(Exception):
     """This node's change cannot be written alone: its parent is rewritten instead."""
 
 
-def _lines(text):
-    """The lines of ``text`` with their endings, split on ``\\n`` only, as ``ast`` counts them."""
-    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+def _lines(text, closed=False):
+    """The lines of ``text`` with their endings, split on ``\\n`` only, as ``ast`` counts them (``closed``:
+    the last one too ends in ``\\n``)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text + "\n" if closed and text and not text.endswith("\n") else text)
 
 
 def _strip_markers(node):
@@ -108,9 +110,7 @@ class Writer:
     changes ``(start, end, text)`` to it that turn an installed def into the edited one (``diff``)."""
 
     def __init__(self, lines, marked=True):
-        self.lines, self.src, self.starts = lines, "".join(lines), [0]
-        for line in lines:
-            self.starts.append(self.starts[-1] + len(line))
+        self.lines, self.src, self.starts = lines, "".join(lines), [0, *itertools.accumulate(map(len, lines))]
         self.marked, self.edits, self.floor = marked, [], len(self.src)  # floor: where the text replaced starts
 
     def at(self, line, col):
@@ -290,9 +290,8 @@ class Writer:
 
 
 class Rendered:
-    """The installed function's text (``before``) and its text once edited, with and without
-    the one-time marker statement (``text(MARKED)`` / ``text(PLAIN)``); ``start`` is the
-    installed file's line of the first line (decorators included), ``origin`` its file."""
+    """The installed function's text (``before``, from the file ``origin``'s line ``start``, decorators
+    included) and its text once edited, with and without the one-time marker (``text(MARKED/PLAIN)``)."""
 
     MARKED, PLAIN = MARKED, PLAIN
 
@@ -309,8 +308,7 @@ class Rendered:
         return list(self._maps[version])
 
     def tree(self, version=PLAIN):
-        """The def node parsed from ``text(version)``, line numbers those of ``line_map``.
-        This is what the runtime compiles."""
+        """The def node parsed from ``text(version)``, line numbers those of ``line_map``: what the runtime compiles."""
         return _parse_function(self._texts[version], self._maps[version])
 
 
@@ -320,19 +318,15 @@ def _indent(line):
 
 
 def _parse_function(text, line_map):
-    first = _lines(text)[0] if text else ""
-    indented = bool(_indent(first))
-    source = ("if 1:\n" + text) if indented else text
-    tree = ast.parse(source)
+    indented = bool(_indent(_lines(text)[0] if text else ""))  # then parsed inside an ``if 1:`` block
+    tree = ast.parse(("if 1:\n" + text) if indented else text)
     holder = tree.body[0].body if indented else tree.body
     if len(holder) != 1 or not isinstance(holder[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise RenderError("the rendered text is not one function definition")
     node = holder[0]
-    shift = 1 if indented else 0
 
     def at(line):
-        index = line - 1 - shift
-        return line_map[min(max(index, 0), len(line_map) - 1)]
+        return line_map[min(max(line - 1 - indented, 0), len(line_map) - 1)]
 
     for n in ast.walk(node):
         if getattr(n, "lineno", None) is not None:
@@ -346,19 +340,15 @@ def _parse_function(text, line_map):
 
 def _same(text, line_map, expected):
     try:
-        parsed = _parse_function(text, line_map)
+        return equal(_parse_function(text, line_map), expected)
     except (SyntaxError, RenderError, IndexError):
         return False
-    return equal(parsed, expected)
 
 
 def render(text, original, edited, origin=None):
-    """``Rendered`` for the def node ``original`` (parsed from the module source ``text``)
-    edited into ``edited`` (a copy of it, changed in place by a patch's edit; statements made
-    by ``_source.marker`` are the one-time marker)."""
-    lines = _lines(text)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
+    """``Rendered`` for the def node ``original`` (parsed from the module source ``text``) edited into
+    ``edited`` (a copy changed by a patch's edit; statements made by ``_source.marker``: the marker)."""
+    lines = _lines(text, closed=True)
     start, end = _first_line(original), original.end_lineno
     before = "".join(lines[start - 1:end])
     indent = _indent(lines[start - 1])

@@ -13,8 +13,7 @@ def _add_sources(parser):
                         help="read the engines from PATH instead of this environment: a wheel (read from the zip, "
                              "not installed), a site-packages folder or a source tree; repeat to read several as one "
                              "environment (e.g. an SGLang wheel and a FlashInfer wheel)")
-    parser.add_argument("--python", dest="sources", action="append", type=lambda value: ("python", value),
-                        metavar="EXE",
+    parser.add_argument("--python", dest="sources", action="append", type=lambda value: ("python", value), metavar="EXE",
                         help="read the environment of the interpreter EXE: runs EXE (its start-up, .pth files "
                              "included) on a small standard-library program that says where modules and "
                              "distributions are; no engine is imported there")
@@ -38,9 +37,7 @@ def open_sources(sources, stack):
         else:
             readers.append(_locate.open_path(value))
             _doctor.check_holds_an_engine(readers[-1], value)
-    if not readers:
-        return None
-    return readers[0] if len(readers) == 1 else _locate.Composite(readers)
+    return (readers[0] if len(readers) == 1 else _locate.Composite(readers)) if readers else None
 
 
 def main(argv=None):

@@ -4,24 +4,16 @@ Nothing of the engine is imported: as for ``flashfix doctor``, the source is rea
 current reader (this interpreter, ``--path`` or ``--python``) and each patch that the doctor
 says would apply is planned from that source alone:
 
-* a rewritten function (``_registry.rewrite``): the patch's own AST edit is run on the def
-  node read from the source, and ``_source.render_edit`` writes the result back as text: the
-  installed text with only what changed rewritten, in the engine's and the declaration's
-  spelling (``flashfix.core.render``). That is the very text the
-  runtime compiles (``_source.rewrite`` compiles from ``render_edit``'s output), so the diff
-  printed is the code that runs. The one-time marker statement (``__flashfix_mark__``),
-  present until the rewritten code first runs, is named in the header; ``--marker`` shows
-  the code with it.
+* a rewritten function (``_registry.rewrite``): the patch's own AST edit run on the def node
+  read from the source, written back as text by ``_source.render_edit`` (``flashfix.core.render``),
+  the very text the runtime compiles, so the diff printed is the code that runs. The one-time
+  marker statement (``__flashfix_mark__``) is named in the header; ``--marker`` shows it.
 * a replaced function or an added name (``_registry.SetAttr``): the replacement's source in
   flashfix, and the installed function it delegates to, with file and lines.
 
-The runtime builds its changes from imported modules (each patch's ``prepare``); a plan here
-is the same edit made from source: each ``Patch`` carries its own ``plan(planner)`` (a
-declarative backport's is derived from its patterns, ``flashfix.semantic``), which runs the
-patch's own edits through ``Planner``, their questions about the imported modules asked of the
-source instead. Nothing here knows any engine. A test compiles the printed result and compares it
-with the code the runtime swaps in, on the real releases, so a plan that drifted from its patch
-fails there.
+A plan is the edit the runtime's ``prepare`` makes from imported modules, made from source: each
+``Patch``'s own ``plan(planner)`` runs its edits through ``Planner``. Nothing here knows any engine;
+a test compares the printed result, compiled, with the code the runtime swaps in on real releases.
 """
 
 import ast
@@ -29,6 +21,7 @@ import copy
 import difflib
 import inspect
 import sys
+from collections import namedtuple
 
 from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
@@ -37,38 +30,67 @@ from flashfix.core.render import _lines
 from flashfix.core.source import ShapeError
 
 
-class Rewrite:
-    kind = "rewrite"
+class Rewrite(namedtuple("Rewrite", "patch_id module qualname origin text rendered site edited")):
+    kind = "rewrite"  # edited: the def node after the edit (markers included)
 
-    def __init__(self, patch_id, module, qualname, origin, text, rendered, site, edited):
-        self.patch_id, self.module, self.qualname = patch_id, module, qualname
-        self.origin, self.text, self.rendered, self.site = origin, text, rendered, site
-        self.edited = edited  # the def node after the edit (markers included)
+    def write(self, out, marker):
+        rendered = self.rendered
+        out.write("# %s.%s: %s\n" % (self.module, self.qualname or "<module>", "recompiled from the text below and "
+                  "swapped into the existing function object" if self.edited is not None else "the new statements below "
+                  "run in its namespace when the patch applies,\n# and the names they bind are set on it (setattr, undone "
+                  "by revert())"))
+        marks = _marker_lines(rendered)
+        if marks and not marker:
+            out.write("# until its first run it also runs %s, %s;\n"
+                      "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
+                      " shows it)\n" % ("one marker line" if len(marks) == 1 else "a marker line in each changed branch",
+                                         "; ".join("`%s`, reported as installed line %d" % m for m in marks)))
+        for text, at in marks if marker else ():
+            out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that "
+                      "the\n# fix ran (status()['ran']) at the first run, then the same code without that line is "
+                      "swapped in\n" % (text, at))
+        if rendered.whole:
+            out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
+        out.writelines(_file_diff(self.text, rendered, rendered.MARKED if marker else rendered.PLAIN))
 
 
-class Replace:
+class Replace(namedtuple("Replace", "module owner name replacement call delegate")):
+    """``replacement``: the flashfix function whose source is shown; ``call``: how the runtime builds
+    the value, e.g. "_wrap_init(<the installed __init__>, ...)"; ``delegate``: the ``Location`` of the
+    installed function it calls, or None."""
+
     kind = "replace"
 
-    def __init__(self, module, owner, name, replacement, call, delegate):
-        self.module, self.owner, self.name = module, owner, name
-        self.replacement = replacement  # the flashfix function whose source is shown
-        self.call = call  # how the runtime builds the value, e.g. "_wrap_init(<the installed __init__>, ...)"
-        self.delegate = delegate  # Location of the installed function it calls, or None
+    def write(self, out, marker=False):
+        out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
+                  % (self.module, self.owner, self.name, self.call))
+        if self.delegate is not None:
+            out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not "
+                      "handle\n" % (self.delegate.qualname, self.delegate.where()))
+        try:
+            (lines, first), file = inspect.getsourcelines(self.replacement), inspect.getsourcefile(self.replacement)
+        except (OSError, TypeError):
+            out.write("# (the source of %r is not available)\n" % (self.replacement,))
+            return
+        out.write("--- %s.%s.%s (installed: %s)\n+++ %s lines %d-%d\n@@ -0,0 +%d,%d @@\n" % (
+            self.module, self.owner, self.name, self.delegate.where() if self.delegate else "-", file, first,
+            first + len(lines) - 1, first, len(lines)))
+        out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
 
 
-class AddName:
+class AddName(namedtuple("AddName", "module origin name value defined")):
     kind = "add-name"
 
-    def __init__(self, module, origin, name, value, defined):
-        self.module, self.origin, self.name, self.value, self.defined = module, origin, name, value, defined
+    def write(self, out, marker=False):
+        where = self.defined.origin + " line %d" % self.defined.first if self.defined else "its source not found"
+        out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
+                  "--- %s (module globals, installed)\n+++ %s (module globals, as flashfix runs it)\n@@ globals @@\n"
+                  "+%s = %s\n" % (self.module, self.name, self.value, where, self.origin, self.origin,
+                                   self.name, self.value))
 
 
-class Location:
-    """Where the def or class ``node`` of ``module`` stands: its first line (decorators included) to its last."""
-
-    def __init__(self, module, qualname, origin, node):
-        self.module, self.qualname, self.origin, self.last = module, qualname, origin, node.end_lineno
-        self.first = _source._first_line(node)
+class Location(namedtuple("Location", "module qualname origin first last")):
+    """Where a def or class of ``module`` stands: its first line (decorators included) to its last."""
 
     def where(self):
         return "%s lines %d-%d" % (self.origin, self.first, self.last)
@@ -98,30 +120,7 @@ def locate(module, qualname):
     node = _source.find_def(tree, qualname)
     if node is None:
         raise ShapeError("%s has no %s" % (module, qualname))
-    return Location(module, qualname, found.origin, node)
-
-
-def _top_names(tree):
-    """Names bound at a module's top level (also inside if/try/with), and its star imports."""
-    names, stars, stack = set(), [], list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name == "*":
-                    stars.append(node)
-                else:
-                    names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        else:
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                stack.extend(getattr(node, field, None) or ())
-    return names, stars
+    return Location(module, qualname, found.origin, _source._first_line(node), node.end_lineno)
 
 
 def _resolve(module, node):
@@ -147,7 +146,7 @@ def definition(module, name, depth=0):
     except ShapeError:  # no source, or bound in a way the source cannot tell
         return None
     if node is not None:
-        return Location(module, name, found.origin, node)
+        return Location(module, name, found.origin, _source._first_line(node), node.end_lineno)
     if depth >= 5:
         return None
     for stmt in ast.walk(tree):
@@ -155,15 +154,15 @@ def definition(module, name, depth=0):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name and alias.name != "*":
                     source = _resolve(module, stmt)
-                    sub = "%s.%s" % (source, alias.name)
-                    if _locate.find(sub) is not None:  # ``from pkg import submodule``
+                    if _locate.find("%s.%s" % (source, alias.name)) is not None:  # ``from pkg import submodule``
                         return None
                     return definition(source, alias.name, depth + 1)
-    names, stars = _top_names(tree)
-    if name not in names:  # bound, if at all, by a star import: the last one that binds it wins
-        for star in reversed(stars):
-            if binds(_resolve(module, star), name, depth + 1):
-                return definition(_resolve(module, star), name, depth + 1)
+    if any(_source._bindings(statement, name) for statement in tree.body):  # bound here, not by a def
+        return None
+    stars = [s for s in ast.walk(tree) if isinstance(s, ast.ImportFrom) and s.names[0].name == "*"]
+    for star in reversed(stars):  # bound, if at all, by a star import: the last one that binds it wins
+        if binds(_resolve(module, star), name, depth + 1):
+            return definition(_resolve(module, star), name, depth + 1)
     return None
 
 
@@ -174,8 +173,7 @@ class Planner:
     """What a plan uses to describe a patch's changes from the source read."""
 
     def __init__(self, patch_id):
-        self.patch_id = patch_id
-        self.changes = []
+        self.patch_id, self.changes = patch_id, []
 
     def rewrite(self, module, qualname, edit):
         """``edit(def_node, mark)`` on ``module``'s ``qualname``, as ``_registry.rewrite``
@@ -188,9 +186,8 @@ class Planner:
         edited = copy.deepcopy(node)
         edit(edited, _source.marker(site))
         rendered = _source.render_edit(found.text, node, edited, found.origin)
-        change = Rewrite(self.patch_id, module, qualname, found.origin, found.text, rendered, site, edited)
-        self.changes.append(change)
-        return change
+        self.changes.append(Rewrite(self.patch_id, module, qualname, found.origin, found.text, rendered, site, edited))
+        return self.changes[-1]
 
     def replace(self, module, owner, name, replacement, call, delegate=None):
         where = locate(module, delegate) if delegate else None
@@ -210,9 +207,7 @@ def plan(ids=None, reader=None):
         rows, _ = _doctor.diagnose()
         patches = {p.id: p for p in _registry.load_all()}
         out = []
-        for row in rows:
-            if ids and row["id"] not in ids:
-                continue
+        for row in [r for r in rows if not ids or r["id"] in ids]:
             result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
             out.append(result)
             if row["verdict"] != "patch":
@@ -239,9 +234,7 @@ def plan(ids=None, reader=None):
 def _file_diff(text, rendered, version):
     """Unified diff of the installed file against it with the function's lines replaced by
     ``rendered.text(version)``: hunk line numbers are the installed file's."""
-    lines = _lines(text)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
+    lines = _lines(text, closed=True)
     end = rendered.start + len(_lines(rendered.before)) - 1
     after = lines[: rendered.start - 1] + _lines(rendered.text(version)) + lines[end:]
     return difflib.unified_diff(lines, after, rendered.origin, "%s (as flashfix runs it)" % rendered.origin, n=3)
@@ -253,14 +246,6 @@ def _marker_lines(rendered):
     return [(line.strip(), at) for line, at in zip(_lines(rendered.text(rendered.MARKED)),
                                                    rendered.line_map(rendered.MARKED))
             if _source.MARK_NAME in line and line not in plain]
-
-
-def _replacement_source(func):
-    try:
-        lines, first = inspect.getsourcelines(func)
-    except (OSError, TypeError):
-        return None, None, None
-    return inspect.getsourcefile(func), first, lines
 
 
 def write(diffs, out, marker=False):
@@ -280,63 +265,8 @@ def write(diffs, out, marker=False):
                                                           "" if len(result.changes) == 1 else "s", patch.upstream))
         for change in result.changes:
             out.write("\n")
-            if change.kind == "rewrite":
-                _write_rewrite(change, out, marker)
-            elif change.kind == "replace":
-                _write_replace(change, out)
-            else:
-                _write_add_name(change, out)
+            change.write(out, marker)
     return problems
-
-
-def _write_rewrite(change, out, marker):
-    rendered = change.rendered
-    out.write("# %s.%s: %s\n" % (change.module, change.qualname or "<module>", "recompiled from the text below and swapped "
-              "into the existing function object" if change.edited is not None else "the new statements below run in its "
-              "namespace when the patch applies,\n# and the names they bind are set on it (setattr, undone by revert())"))
-    marks = _marker_lines(rendered)
-    if marks and not marker:
-        out.write("# until its first run it also runs %s, %s;\n"
-                  "# it records that the fix ran (status()['ran']) and swaps in this code (flashfix diff --marker"
-                  " shows it)\n" % ("one marker line" if len(marks) == 1 else "a marker line in each changed branch",
-                                     "; ".join("`%s`, reported as installed line %d" % m for m in marks)))
-    if marks and marker:
-        for text, at in marks:
-            out.write("# shown with its one-time marker line `%s` (reported as installed line %d): it records that the\n"
-                      "# fix ran (status()['ran']) at the first run, then the same code without that line is swapped in\n"
-                      % (text, at))
-    if rendered.whole:
-        out.write("# the function is written whole by ast.unparse (its installed text could not hold the edit)\n")
-    version = rendered.MARKED if marker else rendered.PLAIN
-    out.writelines(_file_diff(change.text, rendered, version))
-
-
-def _write_replace(change, out):
-    file, first, lines = _replacement_source(change.replacement)
-    out.write("# %s.%s.%s is replaced (setattr) by %s, defined in flashfix below\n"
-              % (change.module, change.owner, change.name, change.call))
-    if change.delegate is not None:
-        out.write("# the installed %s (%s) stays as it is; the replacement calls it for every case it does not handle\n"
-                  % (change.delegate.qualname, change.delegate.where()))
-    if lines is None:
-        out.write("# (the source of %r is not available)\n" % (change.replacement,))
-        return
-    last = first + len(lines) - 1
-    out.write("--- %s.%s.%s (installed: %s)\n" % (change.module, change.owner, change.name,
-                                                  change.delegate.where() if change.delegate else "-"))
-    out.write("+++ %s lines %d-%d\n" % (file, first, last))
-    out.write("@@ -0,0 +%d,%d @@\n" % (first, len(lines)))
-    out.writelines("+" + line if line.endswith("\n") else "+" + line + "\n" for line in lines)
-
-
-def _write_add_name(change, out):
-    where = change.defined.origin + " line %d" % change.defined.first if change.defined else "its source not found"
-    out.write("# a module global is added at runtime (no line of the file changes): %s.%s = %s (%s)\n"
-              % (change.module, change.name, change.value, where))
-    out.write("--- %s (module globals, installed)\n" % change.origin)
-    out.write("+++ %s (module globals, as flashfix runs it)\n" % change.origin)
-    out.write("@@ globals @@\n")
-    out.write("+%s = %s\n" % (change.name, change.value))
 
 
 def run(ids=None, reader=None, marker=False, out=None):
@@ -353,8 +283,7 @@ def run(ids=None, reader=None, marker=False, out=None):
     errors = list(getattr(reader, "errors", None) or ())
     from flashfix.tools import doctor as _doctor
 
-    for problem in errors or _doctor.pack_problems(reader):  # packs not loaded (or not run) are named
-        sys.stderr.write("flashfix diff: %s\n" % problem)
+    sys.stderr.writelines("flashfix diff: %s\n" % p for p in errors or _doctor.pack_problems(reader))
     if errors:
         return 2
     if reader is not None:

@@ -1,18 +1,13 @@
 """``flashfix doctor``: what flashfix would do here, read from distribution metadata and source.
 
-No engine, torch or FlashInfer is imported: each patch's shape probe reads the target
-modules' source with ``ast`` (located as the import system would, through the finders on
-``sys.meta_path``: regular, editable, zipped and sourceless installs alike), the same probe
-the runtime gate uses once the engine is imported.
-
-The environment read is this interpreter's by default. ``--path`` reads wheels (from the zip,
-never unpacked), site-packages folders and source trees instead, several together forming one
-environment; ``--python`` reads another interpreter's environment, which is asked only where
-its modules and distributions are (``flashfix.tools.remote``). The patches judged are this
-flashfix's own and those of the patch packs installed in the environment read
-(``flashfix.core.packs``); a pack that cannot be loaded is one line on stderr (and exit 1 under
-``--strict``). Each row lists the files its
-verdict was read from, with their sha256 (``sources``), as provenance for an image pipeline.
+No engine, torch or FlashInfer is imported: each patch's shape probe, the same the runtime gate
+uses, reads the target modules' source with ``ast``, located as the import system would (regular,
+editable, zipped and sourceless installs alike). The environment read is this interpreter's, or
+``--path``'s wheels (never unpacked), site-packages folders and source trees, several forming one
+environment, or ``--python``'s interpreter (``flashfix.tools.remote``). The patches judged are this
+flashfix's and the packs' installed there (``flashfix.core.packs``); a pack that cannot be loaded
+is one line on stderr (exit 1 under ``--strict``). Each row lists the files its verdict was read
+from, with their sha256 (``sources``), as provenance for an image pipeline.
 """
 
 import importlib
@@ -41,7 +36,6 @@ def diagnose(reader=None):
 
 def _diagnose_one(patch, cfg, claims):
     version = _registry.engine_version(patch.engine)
-    in_range = False
     try:
         targets = _registry.targets_of(patch)
     except Exception as exc:
@@ -51,21 +45,13 @@ def _diagnose_one(patch, cfg, claims):
     elif cfg.is_disabled(patch.id):
         verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
     elif targets is None:
-        verdict, reason, in_range = "unknown-shape", failure, _registry.in_range(patch, version)
+        verdict, reason = "unknown-shape", failure
     else:
         verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, claims)
-        in_range = _registry.in_range(patch, version)
-    return {
-        "id": patch.id,
-        "engine": patch.engine,
-        "engine_version": version,
-        "verdict": verdict,
-        "reason": reason,
-        "affected_versions": patch.versions,
-        "upstream": patch.upstream,
-        "fixed_in": patch.fixed_in,
-        "in_range": in_range,
-    }
+    in_range = verdict not in ("not-installed", "disabled") and _registry.in_range(patch, version)
+    return {"id": patch.id, "engine": patch.engine, "engine_version": version, "verdict": verdict, "reason": reason,
+            "affected_versions": patch.versions, "upstream": patch.upstream, "fixed_in": patch.fixed_in,
+            "in_range": in_range}
 
 
 def known(reader=None):
@@ -86,18 +72,16 @@ def check_holds_an_engine(reader, label):
     packs: a wheel of an unrelated package is a mistake, not an environment without engines."""
     patches = _registry.load_all()
     with _locate.reading(reader):
-        if any(_locate.version(p.engine) is not None for p in patches):
-            return
-        if any(_locate.find(top) is not None for top in flashfix.PATCH_MODULES):
+        if any(_locate.version(p.engine) is not None for p in patches) or any(
+                _locate.find(top) is not None for top in flashfix.PATCH_MODULES):
             return
     lister = getattr(reader, "entry_points", None)
     if lister is not None and lister(_packs.GROUP):  # patch packs, read with the engines beside them
         return
     distributions = getattr(reader, "distributions", None)
     names = ["%s %s" % (n, v) for n, v in distributions() if n] if distributions is not None else []
-    held = " (it holds %s)" % ", ".join(names) if names else ""
     raise _locate.SourceError("%s holds none of %s%s" % (
-        label, ", ".join(sorted({p.engine for p in patches})), held))
+        label, ", ".join(sorted({p.engine for p in patches})), " (it holds %s)" % ", ".join(names) if names else ""))
 
 
 def pack_problems(reader=None):
@@ -113,12 +97,10 @@ def run(as_json=False, strict=False, out=None, reader=None):
         rows += known(reader)
     errors = getattr(reader, "errors", None)
     if errors:  # a member of a wheel that could not be read: the verdicts are not to be trusted
-        for problem in errors:
-            sys.stderr.write("flashfix: %s\n" % problem)
+        sys.stderr.writelines("flashfix: %s\n" % problem for problem in errors)
         return 2
     packs = pack_problems(reader)
-    for problem in list(cfg.problems) + packs:
-        sys.stderr.write("flashfix: %s\n" % problem)
+    sys.stderr.writelines("flashfix: %s\n" % problem for problem in list(cfg.problems) + packs)
     if as_json:
         out.write(json.dumps([{k: v for k, v in r.items() if k != "in_range"} for r in rows], indent=2) + "\n")
     else:
@@ -127,8 +109,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
         headers = ("patch", "engine", "version", "verdict", "reason")
         table = [(r["id"], r["engine"], r["engine_version"] or "-", r["verdict"], r["reason"]) for r in rows]
         widths = [max(len(str(row[i])) for row in table + [headers]) for i in range(4)]
-        line = "  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4]
-        out.write(line + "\n")
+        out.write("  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4] + "\n")
         for row, r in zip(table, rows):  # a reason's later lines (a pattern of several lines) under its first
             out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4].replace(
                 "\n", "\n" + " " * (sum(widths) + 8)) + "\n")
@@ -136,8 +117,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
     if strict and (bad or packs or (cfg.problems and cfg.strict)):
-        for r in bad:
-            sys.stderr.write("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
-                             % (r["id"], r["engine"], r["engine_version"], r["reason"]))
+        sys.stderr.writelines("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
+                              % (r["id"], r["engine"], r["engine_version"], r["reason"]) for r in bad)
         return 1
     return 0

@@ -1,16 +1,12 @@
-"""Numeric checks of the FlashInfer paths flashfix changes, run on the engines' own code, on a GPU,
-against float64 references (``flashfix verify``). torch and FlashInfer are imported inside the
-functions, never when this module loads.
+"""``flashfix verify``'s numeric checks, on a GPU: the engines' own code against float64 computed from
+exactly the values the kernel reads (relative L2 error of the whole output). torch and FlashInfer
+are imported inside the functions, never when this module loads.
 
-Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) takes the patched
-function objects of the engine (installed, or loaded from a wheel or tree by ``EngineModuleFinder``,
-the engine modules it imports replaced by stand-ins) and the original code flashfix keeps for
-``revert``, builds only the call's arguments (``self``, the layer, the batch or metadata, holding
-what the function reads), runs both on the same inputs, counts the FlashInfer calls made from the
-engine's file (``Calls``) and reports any stand-in the function read (``drive``: it cannot be
-driven). ``sink_sequence`` builds several sink wrappers in one process (the JIT kernel-name
-collision). Errors are relative L2 errors of the whole output against float64 computed from
-exactly the values the kernel reads.
+Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) runs the engine's
+patched functions (installed, or loaded by ``EngineModuleFinder`` with stand-in engine imports) and
+the code kept for ``revert`` on the same inputs, building only what the function reads; it counts the
+FlashInfer calls made from the engine's file (``Calls``) and fails a function that read a stand-in
+(``drive``). ``sink_sequence``: several sink wrappers in one process (the JIT kernel-name collision).
 """
 
 import functools
@@ -27,10 +23,7 @@ import types
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 2, 64, 16
 
 # (name, [(new tokens, kv length), ...], window_left)
-SINK_CASES = (
-    ("no prefix", [(1, 1), (57, 57), (300, 300)], -1),
-    ("sliding window 128", [(400, 400), (128, 1000)], 128),
-)
+SINK_CASES = (("no prefix", [(1, 1), (57, 57), (300, 300)], -1), ("sliding window 128", [(400, 400), (128, 1000)], 128))
 SINK = "BatchAttentionWithAttentionSinkWrapper"
 
 # (prefix tokens in the FP8 cache, new tokens) per request
@@ -55,39 +48,30 @@ def rel_l2(out, ref):
 
 
 def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
-    """float64 causal attention of one request. q [n, Hq, D], k/v [m, Hkv, D]; query i sits at
-    position m - n + i; ``sinks`` (natural-log logits per query head) join the softmax
-    denominator only, as FlashInfer's AttentionSink variant does."""
+    """float64 causal attention of one request, q [n, Hq, D], k/v [m, Hkv, D], query i at position m - n + i;
+    ``sinks`` (natural-log logits per query head) join the softmax denominator only, as in FlashInfer."""
     import torch
 
-    q, k, v = q.double(), k.double(), v.double()
-    n, hq, _ = q.shape
-    m, hkv, _ = k.shape
-    group = hq // hkv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("nhd,mhd->hnm", q, k) * sm_scale
+    (n, hq, _), (m, hkv, _) = q.shape, k.shape
+    k, v = (x.double().repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+    scores = torch.einsum("nhd,mhd->hnm", q.double(), k) * sm_scale
     pos = torch.arange(n, device=q.device)[:, None] + (m - n)
     key = torch.arange(m, device=q.device)[None, :]
     allowed = key <= pos
     if window_left >= 0:
         allowed &= pos - key <= window_left
     scores = scores.masked_fill(~allowed, -math.inf)
-    top = scores.amax(dim=-1, keepdim=True)
-    if sinks is not None:
-        sink = sinks.double().view(hq, 1, 1)
-        top = torch.maximum(top, sink)
+    # no sinks: a sink of -inf, which changes neither the maximum nor the denominator
+    sink = sinks.double().view(hq, 1, 1) if sinks is not None else torch.full(
+        (hq, 1, 1), -math.inf, dtype=torch.float64, device=q.device)
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
     weights = torch.exp(scores - top)
-    denom = weights.sum(dim=-1, keepdim=True)
-    if sinks is not None:
-        denom = denom + torch.exp(sink - top)
-    return torch.einsum("hnm,mhd->nhd", weights / denom, v)
+    return torch.einsum("hnm,mhd->nhd", weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top)), v)
 
 
 def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
-    """float64 causal attention of each request's new tokens (rows ``qo[i]:qo[i + 1]`` of q, k,
-    v) over its cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, [tokens, -1]; None
-    on the CPU (the CPU tests' FlashInfer computes nothing)."""
+    """float64 causal attention, [tokens, -1], of each request's new tokens (rows ``qo[i]:qo[i + 1]``) over its
+    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves; None on the CPU (tests' FlashInfer)."""
     import torch
 
     if q.device.type == "cpu":
@@ -123,39 +107,30 @@ class PagedBatch:
         total_pages = sum(pages_per)
         order = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
         shape = (total_pages, page_size, NUM_KV_HEADS, head_dim)
-        true_k = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-        true_v = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        true_k, true_v = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) for _ in "kv")
         # what the cache holds, and the values a correct read of it yields
-        self.k_cache = (true_k / k_scale).to(kv_dtype)
-        self.v_cache = (true_v / v_scale).to(kv_dtype)
-        self.k_read = self.k_cache.double() * k_scale
-        self.v_read = self.v_cache.double() * v_scale
+        self.k_cache, self.v_cache = (true_k / k_scale).to(kv_dtype), (true_v / v_scale).to(kv_dtype)
+        self.k_read, self.v_read = self.k_cache.double() * k_scale, self.v_cache.double() * v_scale
         self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
                              device=device).to(torch.bfloat16)
         self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
         self.qo_indptr = torch.tensor([0, *itertools.accumulate(n for n, _ in self.seqs)], dtype=torch.int32)
         self.kv_indptr = torch.tensor([0, *itertools.accumulate(pages_per)], dtype=torch.int32)
         last = [kv - (pages - 1) * page_size for (_, kv), pages in zip(self.seqs, pages_per)]
-        self.last_page_len = torch.tensor(last, dtype=torch.int32)
-        self.kv_indices = order
-        self.kv_dtype = kv_dtype
+        self.last_page_len, self.kv_indices, self.kv_dtype = torch.tensor(last, dtype=torch.int32), order, kv_dtype
 
     def request_kv(self, index, which):
         """float64 [kv_len, Hkv, D] of request ``index`` as a correct read sees it."""
         cache = self.k_read if which == "k" else self.v_read
         start, end = int(self.kv_indptr[index]), int(self.kv_indptr[index + 1])
-        pages = cache[self.kv_indices[start:end].long()]
-        return pages.reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
+        return cache[self.kv_indices[start:end].long()].reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
 
     def reference(self, sm_scale, window_left=-1):
         import torch
 
-        outs = []
-        for i, (n, _) in enumerate(self.seqs):
-            q = self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])]
-            outs.append(reference(q, self.request_kv(i, "k"), self.request_kv(i, "v"), sm_scale,
-                                  window_left=window_left, sinks=self.sinks))
-        return torch.cat(outs)
+        return torch.cat([reference(self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])], self.request_kv(i, "k"),
+                                    self.request_kv(i, "v"), sm_scale, window_left=window_left, sinks=self.sinks)
+                          for i in range(len(self.seqs))])
 
     def plan(self, wrapper, sm_scale, window_left):
         """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill."""
@@ -172,9 +147,8 @@ class PagedBatch:
 
 
 class _StandIn(type):
-    """The type of every stand-in: a class, so an engine class may derive from it; any
-    attribute, call, subscript or ``|`` of it is another stand-in (the same one per name). Each
-    use while ``_reads`` records is noted: the check says which the engine's function read."""
+    """The type of every stand-in: a class (an engine class may derive from it) whose attributes, calls,
+    subscripts and ``|`` are stand-ins (one per name); each use while ``_reads`` records is noted."""
 
     def __getattr__(cls, name):
         if name.startswith("__") or not cls.__dict__.get("_stand_in"):
@@ -222,10 +196,9 @@ class _StandInModule(types.ModuleType):
 
 
 class EngineModuleFinder:
-    """``import`` of ``target`` reads its source from ``reader`` (a wheel or tree,
-    ``locate.open_path``); every other module of the engine's top package is a stand-in module
-    (torch, FlashInfer and the standard library are real). Put after flashfix's finder, so the
-    registry hooks the target's import as it hooks the installed engine's."""
+    """``import`` of ``target`` reads its source from ``reader`` (``locate.open_path``); every other module
+    of the engine's top package is a stand-in. Put after flashfix's finder, so the registry hooks the
+    target's import as it hooks the installed engine's."""
 
     def __init__(self, reader, target):
         self.reader, self.target, self.top = reader, target, target.split(".")[0]
@@ -252,9 +225,8 @@ class EngineModuleFinder:
 
 
 def engine_module(patch_id, path=None):
-    """``(module, patch record, engine version)``: the patch's target module as the runtime
-    leaves it, from the installed engine (``path`` None) or loaded from ``path`` (a wheel or
-    tree, its engine imports stand-ins); the other patches of the engine are disabled."""
+    """``(module, patch record, engine version)``: the patch's target module as the runtime leaves it, installed
+    or loaded from ``path`` (a wheel or tree, with stand-in engine imports); the engine's other patches disabled."""
     from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
 
@@ -292,9 +264,7 @@ class Calls:
 
     def watch(self, label, wrapper, names=("forward", "forward_return_lse", "run")):
         for name in names:
-            method = getattr(wrapper, name)
-
-            def counted(*args, _m=method, _n=name, **kwargs):
+            def counted(*args, _m=getattr(wrapper, name), _n=name, **kwargs):
                 caller = sys._getframe(1)
                 if caller.f_code.co_filename == self.file:
                     self.log.append("%s.%s line %d" % (label, _n, caller.f_lineno))
@@ -304,7 +274,8 @@ class Calls:
         return wrapper
 
     def take(self):
-        return [self.log.pop(0) for _ in list(self.log)]
+        taken, self.log = self.log, []
+        return taken
 
 
 def drive(func, args, kwargs, calls, allowed=()):
@@ -331,25 +302,24 @@ def _same(a, b):
 
 
 def _pair(rows, row, run, original, live, err=None, **kw):
-    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: their
-    errors against float64 (``err(output, case)``) or, for a control, whether they are bitwise
-    equal; the FlashInfer calls and errors of each. Returns the released code's output."""
+    """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: the FlashInfer
+    calls and errors of each, and the errors against float64 (``err(output, *what run gave after its
+    error)``) or, for a control, whether they are bitwise equal. Returns the released code's output."""
     t = time.time()
-    (o1, c1, e1, x1), (o2, c2, e2, x2) = run(original, **kw), run(live, **kw)
+    (o1, c1, e1, *x1), (o2, c2, e2, *x2) = run(original, **kw), run(live, **kw)
     row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1),
                bitwise_equal=_same(o1, o2))
     if err is None:
         row.update(control=True)
     else:
-        row.update(err_pre_fix=err(o1, x1), err_flashfix=err(o2, x2))
+        row.update(err_pre_fix=err(o1, *x1), err_flashfix=err(o2, *x2))
     rows.append(row)
     return o1
 
 
 def _engine(patch_id, path, functions, fi):
-    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check; ``rows`` says
-    why when the patch is not applied (then nothing can be driven). ``fi``: a FlashInfer stand-in
-    (CPU tests, device "cpu"), else the real one."""
+    """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check (``rows`` says why when
+    the patch is not applied); ``fi``: a FlashInfer stand-in (CPU tests, device "cpu"), else the real one."""
     module, record, version = engine_module(patch_id, path)
     head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
             "state": record["state"], "reason": record["reason"]}
@@ -358,10 +328,8 @@ def _engine(patch_id, path, functions, fi):
     pairs = [live_and_original(record, f) for f in functions]
     head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
                            for _, o in pairs])
-    if fi is None:
-        import flashinfer as fi
-        return module, [], head, pairs, fi, "cuda"
-    return module, [], head, pairs, fi, "cpu"
+    device = "cuda" if fi is None else "cpu"
+    return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, device
 
 
 def _revert(patch_id, rows, head, same):
@@ -402,10 +370,9 @@ def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, n
 
 
 def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_SCALE, V_SCALE), seed=0, fi=None):
-    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with
-    scales far from 1: the ragged + paged branch against float64, and the controls that must not
-    change (no prefix, paged-only, scales 1.0); then ``revert()``. ``fi``: a FlashInfer stand-in
-    (CPU tests), else the real one."""
+    """SGLang's own ``forward_extend`` (patched, and as released) over an FP8 e4m3 cache with scales far
+    from 1: the ragged + paged branch against float64, and the controls that must not change (no
+    prefix, paged-only, scales 1.0); then ``revert()``."""
     import torch
 
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
@@ -463,10 +430,8 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
 
 
 def _provide(module, always=(), stand_in_only=()):
-    """Set module globals while a check runs; returns what to restore. ``always``: those the module
-    has (what vLLM's GPU gates ask, answered per run); ``stand_in_only``: where the module was loaded
-    with stand-in imports, the engine helpers a function calls, as the engine defines them for the
-    check's inputs (each listed in docs/gpu.md)."""
+    """Set module globals while a check runs (returns what to restore): ``always`` where the module has
+    them, ``stand_in_only`` where they are stand-ins (engine helpers, as docs/gpu.md lists them)."""
     values = {k: v for k, v in dict(always).items() if k in module.__dict__}
     values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
     saved = {k: module.__dict__[k] for k in values}
@@ -530,7 +495,7 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                                         _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
                 wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
                 if error:
-                    return None, [], error, None
+                    return None, [], error
                 calls.watch("prefill", wrapper, names=("run",))
                 batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
@@ -549,9 +514,9 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                 output = torch.empty_like(batch.q)
                 _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {},
                                        calls)
-                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error, None
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error
 
-            def err(out, _):
+            def err(out):
                 return None if out is None or device == "cpu" else rel_l2(out, batch.reference(sm_scale, window_left))
 
             base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
@@ -582,12 +547,9 @@ LSE_REQUESTS = ((64, 100), (2000, 128))  # (cached prefix, new tokens) per reque
 
 
 def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
-    """vLLM's own functions that return FlashInfer's LSE to a merge (#52796), patched and as
-    released, on requests with a cached prefix, their outputs merged as ``merge_attn_states``
-    merges them, against float64; then ``revert()``. ``vllm-mla-flashinfer-lse``: the MLA prefill
-    backend's new-token and context-chunk runs (ragged wrappers, qk 192 / v 128); control: the
-    new-token run without LSE. ``vllm-dcp-prefill-lse``: ``BatchDCPPrefillWrapper.run`` at DCP world
-    size 1 (paged context + ragged new tokens)."""
+    """vLLM's own functions that hand FlashInfer's LSE to a merge (#52796), patched and as released,
+    on requests with a cached prefix, merged as ``merge_attn_states`` merges, against float64; then
+    ``revert()``. MLA: the new-token and context-chunk runs (control: no LSE); DCP: the wrapper's ``run``."""
     import torch
 
     mla = patch_id != "vllm-dcp-prefill-lse"
@@ -621,8 +583,8 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
                                                                                    **values), calls)
                                                           for f, kk, vv in zip(funcs, (k, kc), (v, vc)))
             if not lse or e1 or e2:
-                return new, calls_new + calls_old, e1 or e2, None
-            return _merge_ln(out.clone(), old[0], old[1], new[0], new[1]), calls_new + calls_old, None, None
+                return new, calls_new + calls_old, e1 or e2
+            return _merge_ln(out.clone(), old[0], old[1], new[0], new[1]), calls_new + calls_old, None
     else:  # the DCP context: a paged cache holding the prefix, planned non-causal as BatchDCPPrefillWrapper.plan does
         cache = PagedBatch([(n, p) for p, n in requests], seed=seed, device=device)
         paged = calls.watch("context", fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
@@ -637,15 +599,14 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
         layer = types.SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
 
         def run(funcs):
-            o, took, error = drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
-            return o, took, error, None
+            return drive(funcs[0], (wrapper, layer, q, (cache.k_cache, cache.v_cache), k, v, out.clone()), {}, calls)
 
     ref = _prefix_reference(q, k, v, qo, prefix_kv, sm_scale)
     live, original = zip(*pairs)
     base = dict(head, requests=[list(r) for r in requests], heads=[heads, kv_heads], head_dim=[dk, dv])
     try:
         released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live,
-                         lambda o, _: rel_l2(o, ref))
+                         lambda o: rel_l2(o, ref))
         if mla:
             _pair(rows, dict(base, case="control: new tokens without LSE"), run, original, live, lse=False)
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
@@ -659,13 +620,10 @@ SWA_REQUESTS, SWA_WINDOW = ((100, 37), (500, 128), (64, 300)), 128  # (cached pr
 
 
 def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, head_dim=128, seed=0, fi=None):
-    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` on a
-    ragged extend over a cached prefix whose extend slots hold garbage (their K/V are written after
-    the paged pass), against float64; then ``revert()``. ``sglang-swa-full-attn-ragged-prefix``:
-    ``update_sliding_window`` plans the two wrappers of a sliding-window model, a full-attention
-    layer runs (wrapper 1); control: the paged-only extend. ``sglang-per-layer-heads-plan``: the
-    updater's ``__init__`` reads the model's head counts ([16, 32] per layer), its
-    ``update_single_wrapper`` plans, the 32-head layer runs; control: a model without per-layer counts."""
+    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` of a ragged
+    extend over a cached prefix whose extend slots hold garbage, against float64; then ``revert()``.
+    SWA: a full-attention layer (control: paged-only); per-layer heads: the 32-head layer of [16, 32]
+    (control: no per-layer counts)."""
     import collections
     import torch
 
@@ -687,8 +645,7 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
     for i, (p, _) in enumerate(requests):  # the request's slots; its extend slots hold garbage until written
         slots = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
         req_to_token[i, :len(slots)] = slots
-        for c in (cache.k_cache, cache.v_cache):
-            c[slots[p:].long()] = 30.0
+        cache.k_cache[slots[p:].long()] = cache.v_cache[slots[p:].long()] = 30.0
 
     def gather(table, rows, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
         for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist())):
@@ -742,17 +699,17 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
                 encoder_lens=None, spec_info=None, extend_prefix_lens_cpu=prefix.tolist(), kv_view=view), calls)
             took += more
         if error:
-            return None, took, error, None
+            return None, took, error
         out, more, error = _extend(module, module.FlashInferAttnBackend.forward_extend, calls, wrappers,
                                    backend.prefill_wrapper_ragged, cache, q, k, v, use_ragged, heads=heads)
-        return out, took + more, error, None
+        return out, took + more, error
 
     ref = _prefix_reference(q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"),
                             head_dim ** -0.5)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
     try:
         released = _pair(rows, dict(base, case="ragged extend over a cached prefix, %s layer" % (
-            "full-attention" if swa else "32-head")), run, original, live, lambda o, _: rel_l2(o, ref))
+            "full-attention" if swa else "32-head")), run, original, live, lambda o: rel_l2(o, ref))
         _pair(rows, dict(base, case="control: " + ("paged-only extend" if swa else "a model without per-layer head "
                                                    "counts")), run, original, live, **(
             dict(use_ragged=False) if swa else dict(per_layer=None)))
@@ -765,9 +722,8 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
 
 
 def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000)), seed=0, log=None):
-    """Build, plan and run one sink wrapper per ``(kv dtype name, head_dim)`` in ``configs``, in
-    this process, in order; rows with each wrapper's error against float64. Meant for a fresh
-    process (the collision is per process)."""
+    """Build, plan and run one sink wrapper per ``(kv dtype name, head_dim)`` of ``configs`` in this process,
+    in order (run it in a fresh one: the collision is per process); each wrapper's error against float64."""
     import torch
     import flashinfer
 
@@ -777,8 +733,7 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     logging.getLogger("flashfix").addHandler(caught)
     rows = []
     for index, (kv_name, head_dim) in enumerate(configs):
-        kv_dtype = dtypes[kv_name]
-        sm_scale = 1.0 / math.sqrt(head_dim)
+        kv_dtype, sm_scale = dtypes[kv_name], 1.0 / math.sqrt(head_dim)
         batch = PagedBatch(seqs, kv_dtype=kv_dtype, head_dim=head_dim, seed=seed + index)
         t0 = time.time()
         wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
@@ -788,12 +743,11 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
         batch.plan(wrapper, sm_scale, -1)
         out = wrapper.run(batch.q, (batch.k_cache, batch.v_cache), batch.sinks, sm_scale)
         torch.cuda.synchronize()
-        row = {"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
-               "err": rel_l2(out, batch.reference(sm_scale)), "nan": float((~torch.isfinite(out.float())).float().mean()),
-               "build_s": round(build_s, 1)}
-        rows.append(row)
+        rows.append({"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
+                     "err": rel_l2(out, batch.reference(sm_scale)),
+                     "nan": float((~torch.isfinite(out.float())).float().mean()), "build_s": round(build_s, 1)})
         if log:
-            log(row)
+            log(rows[-1])
     logging.getLogger("flashfix").removeHandler(caught)
     return {"rows": rows, "flashfix_warnings": messages}
 

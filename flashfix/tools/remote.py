@@ -1,21 +1,12 @@
 """``flashfix doctor --python EXE``: read another environment through its interpreter.
 
-The other interpreter runs a small self-contained program (``flashfix/tools/remote_probe.py``, run
-by path; standard library only: it imports neither flashfix nor any engine). It starts as that
-environment's Python always starts, with ``site`` (so site-packages, ``.pth`` path entries and setuptools' editable
-finders are in place), then answers questions on its stdin, one JSON line each:
-
-* where a module is: it walks ``sys.meta_path`` as ``flashfix.core.locate.ImportSystem`` does
-  (top-level package first, each submodule with its parent's search locations; nothing is
-  imported), and answers the spec's origin and whether it is a source file, a namespace
-  package or sourceless; for a loader whose source is not a plain file (a zip import, a
-  custom loader) it sends the text that the loader's ``get_source`` gives;
-* a distribution's version and the metadata file it comes from (``importlib.metadata``);
-* the entry points of a group (``flashfix.patches``: the patch packs installed there).
-
-The source files themselves are read here, from the paths it names, and parsed here, so the
-verdicts are decided by this flashfix's probes, as ``flashfix doctor`` run inside that
-environment would decide them.
+The other interpreter runs ``flashfix/tools/remote_probe.py`` (standard library only), started as
+that environment's Python always starts (``site``, ``.pth`` entries, editable finders), which
+answers questions on its stdin, one JSON line each: where a module is (walking ``sys.meta_path``
+as ``flashfix.core.locate.ImportSystem`` does, nothing imported; the text ``get_source`` gives for
+a loader whose source is not a plain file), a distribution's version and metadata file, the entry
+points of a group (the patch packs installed there). The source files are read and parsed here,
+so the verdicts are this flashfix's, as ``flashfix doctor`` run inside that environment decides.
 """
 
 import contextlib
@@ -32,10 +23,9 @@ PREFIX = "\x1eflashfix-remote "
 
 
 def probe_command(executable):
-    """The command that runs ``_remote_probe`` in ``executable``: by path where its file is on
-    disk; from a zipped install, its source (from the package's loader) through ``-c``; from a
-    sourceless install, its ``.pyc`` by path (which only the same Python version runs: another
-    one fails to start, and says why). SourceError where there is none of these."""
+    """The command that runs ``remote_probe`` in ``executable``: its file by path, or from a zipped install
+    its source through ``-c``, or from a sourceless one its ``.pyc`` (which only the same Python version
+    runs: another fails to start, and says why). SourceError where there is none of these."""
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_probe.py")
     if os.path.isfile(here):
         return [executable, here]
@@ -52,10 +42,6 @@ def probe_command(executable):
     raise _locate.SourceError("--python needs flashfix/tools/remote_probe.py, which this install of flashfix lacks")
 
 
-def _is_list_of(value, kind):
-    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
-
-
 def _optional_str(value):
     return value is None or isinstance(value, str)
 
@@ -65,10 +51,8 @@ def _well_formed(op, value):
     if op == "version":
         return _optional_str(value.get("version")) and _optional_str(value.get("file"))
     if op == "find":
-        if value.get("found") is False:
-            return True
         kind = value.get("kind")
-        return (value.get("found") is True and _optional_str(value.get("origin"))
+        return value.get("found") is False or (value.get("found") is True and _optional_str(value.get("origin"))
                 and kind in ("file", "namespace", "sourceless", "text")
                 and (kind != "text" or isinstance(value.get("text"), str))
                 and (kind != "file" or isinstance(value.get("origin"), str)))
@@ -81,35 +65,29 @@ def _well_formed(op, value):
 
 
 class PythonReader:
-    """An environment read through another interpreter (see the module docstring). Use as a
-    context manager, or call ``close()``; SourceError when the interpreter does not run or
-    does not answer."""
+    """An environment read through another interpreter (a context manager, or call ``close()``);
+    SourceError when the interpreter does not run or does not answer."""
 
     def __init__(self, executable, timeout=60.0):
-        self.executable = str(executable)
-        self.timeout = timeout
-        self.errors = []
-        self._stderr = []
-        self._lines = queue.Queue()
-        self._cache = {}
+        self.executable, self.timeout, self.errors, self._stderr = str(executable), timeout, [], []
+        self._lines, self._cache = queue.Queue(), {}
         if os.path.isdir(self.executable):
             raise _locate.SourceError("--python %s is a directory, not an interpreter" % self.executable)
         try:
             self._process = subprocess.Popen(
                 probe_command(self.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            raise _locate.SourceError("--python %s: no such file" % self.executable) from None
-        except PermissionError:
-            raise _locate.SourceError("--python %s cannot be run (not executable?)" % self.executable) from None
         except OSError as exc:
-            raise _locate.SourceError("--python %s cannot be run: %s" % (self.executable, exc)) from None
+            why = (": no such file" if isinstance(exc, FileNotFoundError) else " cannot be run (not executable?)"
+                   if isinstance(exc, PermissionError) else " cannot be run: %s" % exc)
+            raise _locate.SourceError("--python %s%s" % (self.executable, why)) from None
         threading.Thread(target=self._pump, args=(self._process.stdout, self._lines), daemon=True).start()
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
         hello = self._receive(what="start")
-        if not (hello.get("hello") is True and _is_list_of(hello.get("python"), int) and len(hello["python"]) >= 2
-                and isinstance(hello.get("prefix"), str)):
+        python = hello.get("python")  # a list of at least two ints (JSON: never a bool)
+        if not (hello.get("hello") is True and isinstance(python, list) and len(python) >= 2
+                and all(type(v) is int for v in python) and isinstance(hello.get("prefix"), str)):
             raise self._closed("--python %s did not answer as a Python interpreter" % self.executable)
         self.label = "%s (Python %s, %s)" % (self.executable, ".".join(map(str, hello["python"])), hello["prefix"])
 
@@ -136,8 +114,8 @@ class PythonReader:
             code = None
         if code is not None:
             self._drainer.join(timeout=5)  # all it wrote to stderr, for the message
-        tail = "".join(self._stderr).strip().splitlines()[-3:]
-        detail = (": " + " | ".join(tail)) if tail else ""
+        tail = " | ".join("".join(self._stderr).strip().splitlines()[-3:])
+        detail = ": " + tail if tail else ""
         if code is None:
             return "--python %s did not answer (%s) within %.0f s%s" % (self.executable, what, self.timeout, detail)
         return "--python %s did not answer as a Python interpreter (exit status %s)%s" % (self.executable, code, detail)
@@ -196,9 +174,7 @@ class PythonReader:
 
     def version_source(self, dist):
         path = self._ask({"op": "version", "dist": dist}).get("file")
-        if not path or not os.path.isfile(path):
-            return None
-        return path, _locate._sha256_file(path)
+        return (path, _locate._sha256_file(path)) if path and os.path.isfile(path) else None
 
     def entry_points(self, group):
         """``[(name, value, distribution)]`` of ``group`` there (patch packs; imported here from

@@ -1,12 +1,7 @@
-"""The program ``flashfix doctor --python EXE`` runs in the other interpreter (run by path, as
-``EXE .../flashfix/tools/remote_probe.py``). ``flashfix.core.locate`` imports its finder walk and
-metadata-file lookup, so both interpreters locate modules and metadata files with the same code.
-
-Standard library only: it imports neither flashfix nor any engine, and works on any Python the
-engines support. It starts as that environment's Python always starts, with ``site``, then
-answers questions on its stdin, one JSON line each (see ``flashfix.tools.remote``): where a module
-is, found through ``sys.meta_path`` without importing it, and a distribution's version and
-metadata file, through ``importlib.metadata``.
+"""The program ``flashfix doctor --python EXE`` runs in the other interpreter, by path (the protocol:
+``flashfix.tools.remote``). Standard library only, on any Python the engines support: it imports
+neither flashfix nor any engine. ``flashfix.core.locate`` imports its finder walk and metadata-file
+lookup, so both interpreters locate modules and metadata files with the same code.
 """
 import json
 import os
@@ -30,8 +25,7 @@ def _path_spec(name, path):
     for entry in path:
         if not isinstance(entry, str):
             continue
-        finder = PathFinder._path_importer_cache(entry)  # the finder the import system would use
-        find = getattr(finder, "find_spec", None)
+        find = getattr(PathFinder._path_importer_cache(entry), "find_spec", None)  # the finder the import system uses
         spec = find(name) if find is not None else None
         if spec is None:
             continue
@@ -80,23 +74,18 @@ def _spec(name):
                 return None
             continue
         spec = _meta_path_spec(prefix, path)
-        if spec is None:
+        if spec is None or depth < len(parts) and spec.submodule_search_locations is None:
             return None
-        if depth < len(parts):
-            if spec.submodule_search_locations is None:
-                return None
-            path = list(spec.submodule_search_locations)
+        path = list(spec.submodule_search_locations or ())  # where the next part is looked for
     return spec
 
 
 def find(name):
     from importlib.machinery import SourceFileLoader
     module = sys.modules.get(name)
-    spec = getattr(module, "__spec__", None) if module is not None else None
+    spec = getattr(module, "__spec__", None) or _spec(name)
     if spec is None:
-        spec = _spec(name)
-        if spec is None:
-            return {"found": False}
+        return {"found": False}
     origin = spec.origin if spec.has_location else getattr(module, "__file__", None) or spec.origin
     if spec.loader is None and spec.submodule_search_locations is not None:
         return {"found": True, "origin": origin, "kind": "namespace"}
@@ -145,8 +134,7 @@ OPS = {"find": (find, "name"), "version": (version, "dist"), "entry_points": (en
 
 
 def answer(value):
-    sys.stdout.write(PREFIX + json.dumps(value) + "\n")
-    sys.stdout.flush()
+    print(PREFIX + json.dumps(value), flush=True)
 
 
 def main():

@@ -5,12 +5,9 @@ Meant for an image pipeline, on the target GPU, before traffic reaches it:
 1. the doctor's verdict per patch (no engine imported);
 2. the runtime state per patch after importing the engines' target modules in a child
    process, exactly as ``import flashfix`` in a server would leave them;
-3. for every patch that changes numbers and applies (to the installed engine, or to an engine
-   given with ``--path``, a wheel or tree loaded with stand-ins for the engine modules it
-   imports), a check in its own child process (side by side: FlashInfer JIT-compiles about a
-   minute per kernel variant) that runs the engine's own patched functions and the code kept for
-   ``revert`` on the same inputs against float64 (``flashfix.tools.gpu_checks``, one per entry
-   of ``CHECKS``), and the sink-wrapper JIT-name sequence.
+3. for every patch that changes numbers and applies (to the installed engine, or to a wheel or
+   tree given with ``--path``), a check of ``CHECKS`` in its own child process, side by side
+   (FlashInfer JIT-compiles about a minute per kernel variant): ``flashfix.tools.gpu_checks``.
 
 Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not
 run, with why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no
@@ -34,11 +31,9 @@ THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashin
 TRTLLM = ("needs TRT-LLM's ragged DeepSeek prefill kernels, which run on SM100 only: no GPU check exists for it (the "
           "project's GPU is an SM90 H200, where vLLM never selects this backend); its CPU tests drive the engine's code")
 
-# (name, patch id, python expression run in a child with ``g`` = flashfix.tools.gpu_checks and
-# ``path`` = the engine's wheel or tree, or None for the installed engine). The vLLM patch acts
-# on SM12x only, and FlashInfer runs fa2 there: the check forces fa2, so it measures the kernels
-# SM12x runs whatever GPU verify is on (on SM90 ``auto`` would pick fa3, whose sliding-window
-# kernels take over 8 minutes to JIT-compile).
+# (name, patch id, expression run in a child with ``g`` = gpu_checks and ``path`` = the engine's wheel or
+# tree, None: installed). The vLLM sink patch acts on SM12x only, where FlashInfer runs fa2: the check
+# forces fa2 on any GPU (on SM90 ``auto`` picks fa3, whose sliding-window kernels JIT-compile 8+ min).
 CHECKS = (
     ("sink-prefill fa2", "vllm-sink-prefill", "g.vllm_sink(path, cases=('no prefix',))"),
     ("sink-prefill fa2 window", "vllm-sink-prefill", "g.vllm_sink(path, cases=('sliding window 128',))"),
@@ -53,9 +48,8 @@ CHECKS = (
 
 
 def _jit_dir(name):
-    """A FlashInfer JIT workspace per check: checks run side by side, and two processes must
-    never build the same kernel name in one folder at once. Kept between runs, so a second
-    verify reuses the compiled kernels."""
+    """A FlashInfer JIT workspace per check, kept between runs (a second verify reuses the kernels): checks
+    run side by side, and two processes must never build the same kernel name in one folder at once."""
     base = os.environ.get("FLASHFIX_VERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flashfix", "verify")
     return os.path.join(base, name.replace(" ", "-"))
 
@@ -73,23 +67,18 @@ try:
     fi = flashinfer.__version__
 except Exception as exc:
     fi = None
-cap = torch.cuda.get_device_capability()
-print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(), "capability": list(cap), "torch": torch.__version__,
-                  "flashinfer": fi}))
+print(json.dumps({"ok": True, "name": torch.cuda.get_device_name(),
+                  "capability": list(torch.cuda.get_device_capability()), "torch": torch.__version__, "flashinfer": fi}))
 """
 
 _RUNTIME = """
-import importlib, json
+import contextlib, importlib, json
 import flashfix
 from flashfix.core import registry as _registry
-for patch in _registry.load_all():
-    if _registry.engine_version(patch.engine) is None:
-        continue
+for patch in [p for p in _registry.load_all() if _registry.engine_version(p.engine) is not None]:
     for target in _registry.targets_of(patch):
-        try:
+        with contextlib.suppress(Exception):
             importlib.import_module(target)
-        except Exception:
-            pass
 print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
 """
 
@@ -110,6 +99,14 @@ def _last_json(text, prefix=""):
 
 def _say(message, as_json):
     print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+
+def _stop(code, message, as_json, **report):
+    """Say why verify cannot check (the JSON report on stdout too) and return ``code``."""
+    _say("flashfix verify: %s." % message, as_json)
+    if as_json:
+        print(json.dumps(dict({"exit": code}, **report)))
+    return code
 
 
 def _run_checks(wanted, as_json, start):
@@ -161,11 +158,11 @@ def _result(name, patch_id, proc, out, err):
         elif not r.get("control") and (e is None or e > threshold):
             problems.append("%s: error %s" % (r.get("case", r.get("step")), e))
     errs = [r.get("err_flashfix", r.get("err")) for r in rows if not r.get("control")]
-    pre = [r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None]
     return {"check": name, "patch": patch_id, "threshold": threshold, "passed": not problems, "problems": problems,
             "mismatches": [r["mismatch"] for r in rows if r.get("mismatch")],
             "max_err_flashfix": max([e for e in errs if e is not None], default=None),
-            "max_err_pre_fix": max(pre) if pre else None, "rows": rows}
+            "max_err_pre_fix": max([r["err_pre_fix"] for r in rows if r.get("err_pre_fix") is not None], default=None),
+            "rows": rows}
 
 
 def _summary(result):
@@ -195,28 +192,20 @@ def run(as_json=False, paths=(), only=()):
         for r in found:
             _say("[%5.0fs] %s: %-26s %s %s, doctor: %s" % (time.time() - start, path, r["id"], r["engine"],
                                                            r["engine_version"], r["verdict"]), as_json)
-    installed = [r for r in rows if r["verdict"] != "not-installed"] + list(paths)
-    if not installed:
-        _say("flashfix verify: no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
-             "environment (%s)." % sys.executable, as_json)
-        if as_json:
-            print(json.dumps({"exit": EXIT_NO_ENGINE, "reason": "no engine"}))
-        return EXIT_NO_ENGINE
+    if not paths and all(r["verdict"] == "not-installed" for r in rows):
+        return _stop(EXIT_NO_ENGINE, "no engine to check: none of vLLM, SGLang or FlashInfer is installed in this "
+                     "environment (%s)" % sys.executable, as_json, reason="no engine")
     probe = _child(_GPU_PROBE)
     gpu = _last_json(probe.stdout) or {"ok": False, "why": "GPU probe failed: %s" % probe.stderr.strip()[-500:]}
     if not gpu["ok"]:
-        _say("flashfix verify: no GPU to check on: %s." % gpu["why"], as_json)
-        if as_json:
-            print(json.dumps({"exit": EXIT_NO_GPU, "reason": "no GPU", "detail": gpu["why"]}))
-        return EXIT_NO_GPU
+        return _stop(EXIT_NO_GPU, "no GPU to check on: %s" % gpu["why"], as_json, reason="no GPU", detail=gpu["why"])
     _say("[%5.0fs] GPU: %s (SM%d%d), torch %s, FlashInfer %s" % (
         time.time() - start, gpu["name"], gpu["capability"][0], gpu["capability"][1], gpu["torch"], gpu["flashinfer"]),
         as_json)
     if gpu["capability"][0] != 12:
         _say("[%5.0fs] note: this GPU is not SM12x; the vLLM sink-prefill check fakes device capability family 120 "
              "for flashfix's factory, so it runs the sink wrapper as on SM12x" % (time.time() - start), as_json)
-    runtime_proc = _child(_RUNTIME)
-    runtime = {r["id"]: r for r in (_last_json(runtime_proc.stdout, "FLASHFIX_RESULT=") or [])}
+    runtime = {r["id"]: r for r in (_last_json(_child(_RUNTIME).stdout, "FLASHFIX_RESULT=") or [])}
     failures, report = [], []
     for row in rows:
         state = runtime.get(row["id"], {}).get("state", "unknown (runtime child failed)")
