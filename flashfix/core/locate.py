@@ -173,12 +173,11 @@ def _normal(dist):
 
 
 def _metadata_version(text):
+    import textwrap
     from email.parser import HeaderParser
 
     headers = HeaderParser().parsestr(text.replace("\r\n", "\n").partition("\n\n")[0])  # the body is no header
-    import textwrap  # continuation lines dedented, as importlib.metadata reads them
-
-    redent = lambda v: v if not v or "\n" not in v else textwrap.dedent(" " * 8 + v)  # noqa: E731
+    redent = lambda v: v if not v or "\n" not in v else textwrap.dedent(" " * 8 + v)  # noqa: E731  (as importlib.metadata)
     return redent(headers.get("Name")), redent(headers.get("Version"))
 
 
