@@ -88,6 +88,15 @@ def test_vllm_factory_and_forward_are_driven_on_the_derived_pre_fix_shape(tmp_pa
     sink_runs = [e for e in runs if e[0] == "BatchAttentionWithAttentionSinkWrapper"]
     assert sink_runs and all(e[2][1] == "tensor[16] float32" and "sinks" not in e[3] for e in sink_runs)
     assert all(r["bitwise_equal"] for r in rows if r.get("control"))
+    # verify picks the check as the check loads the code: the tree, then this interpreter, whose FlashInfer
+    # has the sink wrapper the new code reads (before: the tree alone, unknown-shape, the check never ran)
+    fi = tmp_path.parent / "fi" / "flashinfer"
+    fi.mkdir(parents=True)
+    (fi / "__init__.py").write_text("class BatchAttentionWithAttentionSinkWrapper:\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "flashfix", "verify", "--path", str(tmp_path)], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(fi.parent)])))
+    picked = [line for line in proc.stdout.splitlines() if "vllm-sink-prefill" in line and str(tmp_path) in line]
+    assert proc.returncode == 3 and len(picked) == 1 and picked[0].endswith("doctor: patch"), (proc.stdout, proc.stderr)
 
 
 SWEEP = '''
