@@ -176,7 +176,7 @@ def _summary(result):
         is not None else "-", result["threshold"])
     if result.get("max_err_pre_fix") is not None:
         text += ", without the fix %.4g" % result["max_err_pre_fix"]
-    return text + "".join("; " + p for p in result["problems"] + result["mismatches"])
+    return text + "".join("; " + p for p in dict.fromkeys(result["problems"] + result["mismatches"]))  # each once
 
 
 def run(as_json=False, paths=(), only=()):
