@@ -296,10 +296,8 @@ class ZipReader:
         return found or (pins[0] if len(pins) == 1 else None)
 
     def version_source(self, dist):
-        member, _ = self._metadata_member(dist)
-        if member is None:
-            return None
-        return "%s!/%s" % (self.label, member), hashlib.sha256(self._read_member(member)).hexdigest()
+        member = self._metadata_member(dist)[0]
+        return member and ("%s!/%s" % (self.label, member), hashlib.sha256(self._read_member(member)).hexdigest())
 
     def distributions(self):
         """``[(name, version)]`` of the wheel's own metadata."""
@@ -423,12 +421,15 @@ class Composite:
                 return found
         return None
 
+    def _holder(self, dist):  # the reader with ``dist``'s own METADATA, else the first that knows a version (a pin)
+        known = [r for r in self.readers if r.version(dist) is not None]
+        return next((r for r in known if getattr(r, "version_source", lambda d: None)(dist)), (known or [None])[0])
+
     def version(self, dist):
-        return next((v for v in (r.version(dist) for r in self.readers) if v is not None), None)
+        return getattr(self._holder(dist), "version", lambda dist: None)(dist)
 
     def version_source(self, dist):
-        r = next((r for r in self.readers if r.version(dist) is not None), None)
-        return getattr(r, "version_source", lambda dist: None)(dist)
+        return getattr(self._holder(dist), "version_source", lambda dist: None)(dist)
 
     def entry_points(self, group):
         out = []

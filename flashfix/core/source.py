@@ -93,8 +93,7 @@ class Module(ast.Module):
             yield len(self.flashfix_text), self._body
             return
         if not KEEP_RUNS:
-            yield from self._runs(keep)
-            return
+            return (yield from self._runs(keep))
         if self._kept is None:  # the doctor: each run parsed once, whole, for every patch that reads it
             self._kept, self._more = [], self._runs(None)
         for i in itertools.count():
