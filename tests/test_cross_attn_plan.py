@@ -55,6 +55,7 @@ def test_derived_shape_is_patched_and_the_fixed_release_is_not():
 SCRIPT = r"""
 import ast, copy, json, sys
 sys.path.insert(0, %r)
+import derived_swap
 import torch
 import flashfix
 from flashfix import sglang_patch
@@ -84,18 +85,7 @@ tree = ast.parse(derive(open(fb.__file__).read()))
 cls, name = QUALNAME.split(".")
 derived = next(n for n in next(c for c in tree.body if getattr(c, "name", None) == cls).body
                if getattr(n, "name", None) == name)
-def swap(edit_too):
-    def edit(node, mark):
-        node.body = copy.deepcopy(derived.body)
-        if edit_too:
-            PATCH.rule.hunks[0].edit(node, mark)
-    change = _registry.rewrite(UPDATER.__dict__[name], edit, "test-derived")
-    change.apply()
-    try:
-        return plans()
-    finally:
-        change.undo()
-out["derived"], out["derived_patched"] = swap(False), swap(True)
+out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(UPDATER.__dict__[name], derived, PATCH.rule.hunks[0], plans)
 out["after_undo"] = plans()
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
 """ % str(TESTS)

@@ -86,6 +86,7 @@ VLLM_SCRIPT = r"""
 import ast, copy, importlib, json, sys
 from types import SimpleNamespace
 sys.path.insert(0, %r)
+import derived_swap
 import flashfix
 from flashfix import semantic, vllm_patch
 from flashfix.core import registry as _registry
@@ -126,18 +127,7 @@ if row["state"] == "fixed-upstream":  # the pre-fix shape derived from this rele
     qualname = vllm_patch.TRTLLM_FP8_SWIGLU["function"]
     derived = _source.find_def(ast.parse(semantic.derive_prefix(GATE_AS_0_29, open(m.__file__).read())), qualname)
     func = base.__dict__["is_supported_config"].__func__
-    def swap(edit_too):
-        def edit(node, mark):
-            node.body = copy.deepcopy(derived.body)
-            if edit_too:
-                vllm_patch.TRTLLM_FP8_SWIGLU_GATE.rule.hunks[0].edit(node, mark)
-        change = _registry.rewrite(func, edit, "test-derived")
-        change.apply()
-        try:
-            return cases()
-        finally:
-            change.undo()
-    out["derived"], out["derived_patched"] = swap(False), swap(True)
+    out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(func, derived, vllm_patch.TRTLLM_FP8_SWIGLU_GATE.rule.hunks[0], cases)
 report(out)
 """ % str(TESTS)
 

@@ -58,6 +58,7 @@ SCRIPT = r"""
 import copy, json, sys
 from types import SimpleNamespace
 sys.path.insert(0, %r)
+import derived_swap
 import flashfix
 from flashfix import vllm_patch
 from flashfix.core import registry as _registry
@@ -81,18 +82,7 @@ def sizes():
 row = next(r for r in flashfix.status() if r["id"] == PATCH.id)
 out = {"state": row["state"], "released": sizes(), "default": m.envs.VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE}
 derived = derived_def(open(m.__file__).read())
-def swap(edit_too):
-    def edit(node, mark):
-        node.body = copy.deepcopy(derived.body)
-        if edit_too:
-            PATCH.rule.hunks[0].edit(node, mark)
-    change = _registry.rewrite(m.FlashInferMetadataBuilder.__dict__[QUALNAME.split(".")[1]], edit, "test-derived")
-    change.apply()
-    try:
-        return sizes()
-    finally:
-        change.undo()
-out["derived"], out["derived_patched"] = swap(False), swap(True)
+out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(m.FlashInferMetadataBuilder.__dict__[QUALNAME.split(".")[1]], derived, PATCH.rule.hunks[0], sizes)
 m.torch = real_torch
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
 """ % str(TESTS)

@@ -76,6 +76,7 @@ SCRIPT = r"""
 import ast, copy, json, sys
 from types import SimpleNamespace
 sys.path.insert(0, %r)
+import derived_swap
 import torch
 import flashfix
 from flashfix import vllm_patch
@@ -125,18 +126,7 @@ if row["state"] == "fixed-upstream":  # the pre-fix shape derived from this rele
     derived = ast.parse(drop_head_dim_fallback(open(m.__file__).read()))
     derived = next(n for n in next(c for c in derived.body if getattr(c, "name", None) == "FlashInferMetadataBuilder")
                    .body if getattr(n, "name", None) == "__init__")
-    def swap(edit_too):
-        def edit(node, mark):
-            node.body = copy.deepcopy(derived.body)
-            if edit_too:
-                vllm_patch.XQA_HEAD_DIM.rule.hunks[0].edit(node, mark)
-        change = _registry.rewrite(init, edit, "test-derived")
-        change.apply()
-        try:
-            return kernels()
-        finally:
-            change.undo()
-    out["derived"], out["derived_patched"] = swap(False), swap(True)
+    out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(init, derived, vllm_patch.XQA_HEAD_DIM.rule.hunks[0], kernels)
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
 """ % str(TESTS)
 
