@@ -75,3 +75,24 @@ def test_result_counts_a_mismatch_present_without_flashfix_apart_and_fails_anyth
                         not_applied["passed"], not_applied["problems"]])
     ''')
     assert r["results"] == [True, 2, False, False, ["not applied: the patch is unknown-shape: ..."]]
+
+
+def test_an_applied_patch_without_a_gpu_check_is_named_not_passed():
+    # before: verify said "all checks passed" and never named a patch it has no GPU check for
+    _, proc = run_py('''
+        from flashfix.tools import verify as _verify
+        rows = [{"id": i, "engine": "sglang", "engine_version": "0.5.9", "verdict": "patch"}
+                for i in ("sglang-fp8-kv-scales", "sglang-cross-attn-decode-plan-lens")]
+        _verify._doctor.diagnose = lambda reader=None: (rows, None)
+        gpu = '{"ok": true, "name": "H200", "capability": [9, 0], "torch": "2.11", "flashinfer": "0.6.17"}'
+        runtime = 'FLASHFIX_RESULT=[{"id": "sglang-fp8-kv-scales", "state": "applied"}, ' \\
+                  '{"id": "sglang-cross-attn-decode-plan-lens", "state": "applied"}]'
+        _verify._child = lambda code: type("P", (), {"stdout": gpu if "get_device_capability" in code else runtime,
+                                                     "stderr": ""})()
+        _verify._run_checks = lambda wanted, as_json, start: [
+            {"check": "fp8-paged", "passed": True} for w in wanted if w[0] == "sglang-fp8-kv-scales"]
+        report(code=_verify.run())
+    ''')
+    assert "all checks that ran passed" in proc.stdout, proc.stdout
+    assert "sglang-cross-attn-decode-plan-lens: NOT RUN: no GPU check exists for it" in proc.stdout
+    assert "sglang-fp8-kv-scales: NOT RUN" not in proc.stdout

@@ -14,6 +14,7 @@ run, with why); 1 a check failed or a patch that should apply is not in force; 3
 engine (vLLM, SGLang or FlashInfer) to check.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -91,10 +92,8 @@ def _child(code):
 def _last_json(text, prefix=""):
     for line in reversed(text.splitlines()):
         if line.startswith(prefix):
-            try:
+            with contextlib.suppress(ValueError):
                 return json.loads(line[len(prefix):])
-            except ValueError:
-                continue
     return None
 
 
@@ -223,7 +222,8 @@ def run(as_json=False, paths=(), only=()):
     else:
         checks = _run_checks({w for w in wanted if w[0] in THRESHOLDS and (not only or w[0] in only)}, as_json, start)
         failures += ["%s: %s" % (c["check"], _summary(c)) for c in checks if c["passed"] is False]
-    skipped = ["%s: %s" % (c["check"], _summary(c)) for c in checks if c["passed"] is None]
+    skipped = ["%s: %s" % (c["check"], _summary(c)) for c in checks if c["passed"] is None] + [
+        "%s: NOT RUN: no GPU check exists for it (CPU-tested)" % p for p in sorted({w[0] for w in wanted} - set(THRESHOLDS))]
     code = EXIT_FAILED if failures else EXIT_OK
     _say("flashfix verify: %s in %.0f s%s" % ("FAILED" if failures else "all checks that ran passed" if skipped else
                                               "all checks passed", time.time() - start,
