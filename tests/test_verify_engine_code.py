@@ -40,6 +40,13 @@ def wheel(spec):
     return str(found[0])
 
 
+def row_problems(rows):
+    """The errors a check's rows report, and each control that is not bitwise equal."""
+    errors = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows]
+    return [e for e in errors if e] + ["%s not bitwise equal" % r["case"] for r in rows
+                                       if r.get("control") and not r["bitwise_equal"]]
+
+
 def drive(requirement, check, path, target=None):
     code = CODE % {"tests": str(REPO / "tests"), "check": check, "path": path, "target": target}
     ((result,),) = [engine_env.run(requirement, code,
@@ -172,9 +179,7 @@ def test_sglang_every_release_in_range_in_one_process():
         rows, log = out[version]["rows"], out[version]["log"]
         main = [r for r in rows if r["case"] == "ragged+paged, FP8 e4m3"]
         paged = [e[3] for e in log if e[1] == "forward_return_lse" and e[3].get("causal") is False]
-        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
-                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
-        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        problems = row_problems(rows)
         if not main or r"paged.forward_return_lse" not in " ".join(main[0]["calls_flashfix"]):
             problems.append("the ragged + paged branch did not run: %s" % (main and main[0]["calls_flashfix"]))
         elif paged[0].get("k_scale") is not None or paged[1].get("k_scale") is None:
@@ -215,9 +220,7 @@ def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
     bad = {}
     for version, _ in trees:
         rows, log = out[version]["rows"], out[version]["log"]
-        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
-                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
-        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        problems = row_problems(rows)
         sinks = [r for r in rows if r["case"].startswith("sink prefill")]
         if [r["calls_flashfix"][0] for r in sinks] != ["built " + SINK_CLASS] * 2 or any(
                 [c.split(" line")[0] for c in r["calls_flashfix"][1:]] != ["prefill.run"] for r in sinks):
@@ -253,12 +256,10 @@ def test_vllm_lse_every_release_in_range_in_one_process(patch, calls):
     bad = {}
     for version, _ in trees:
         rows = out[version]["rows"]
-        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
-                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
+        problems = row_problems(rows)
         main = [r for r in rows if r["case"].startswith("cached prefix")]
         if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != calls or main[0]["bitwise_equal"]:
             problems.append("the branch did not run, or the fix did not change the merge: %s" % main)
-        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
         if problems:
             bad[version] = problems
     assert not bad, bad
@@ -281,9 +282,7 @@ def test_sglang_swa_every_release_in_range_in_one_process():
     bad = {}
     for version, _ in trees:
         rows, log = out[version]["rows"], out[version]["log"]
-        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
-                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
-        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        problems = row_problems(rows)
         main = [r for r in rows if r["case"].startswith("ragged extend")]
         if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]][-2:] != [
                 "ragged.forward_return_lse", "paged full.forward_return_lse"]:
@@ -312,9 +311,7 @@ def test_sglang_per_layer_heads_every_release_in_range_in_one_process():
     bad = {}
     for version, _ in trees:
         rows, log = out[version]["rows"], out[version]["log"]
-        problems = [r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix") for r in rows
-                    if r.get("error") or r.get("error_pre_fix") or r.get("error_flashfix")]
-        problems += ["%s not bitwise equal" % r["case"] for r in rows if r.get("control") and not r["bitwise_equal"]]
+        problems = row_problems(rows)
         main = [r for r in rows if r["case"].startswith("ragged extend")]
         if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != [
                 "ragged.begin_forward", "paged .begin_forward", "ragged.forward_return_lse", "paged .forward_return_lse"]:
