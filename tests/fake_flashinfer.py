@@ -1,6 +1,6 @@
 """A FlashInfer stand-in that records every wrapper call and its arguments (CPU tests of verify's
 engine checks: tests/test_verify_engine_code.py)."""
-import sys, types
+import contextlib, sys, types
 import torch
 
 LOG = []
@@ -62,6 +62,26 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
     pass
 
 
+class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+    """With ``use_cuda_graph``, its buffers as FlashInfer keeps them; every plan of the kernels (``plan`` of
+    its module, as a fast_decode_plan calls it) records the lengths on the CPU that it schedules from."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.is_cuda_graph_enabled, self.use_tensor_cores = kwargs.get("use_cuda_graph"), kwargs.get("use_tensor_cores")
+        self._paged_kv_indices_buf = kwargs.get("paged_kv_indices_buffer")
+        self._fixed_batch_size = len(kwargs.get("paged_kv_last_page_len_buffer", ()))
+        self.device, self._float_workspace_buffer, self._int_workspace_buffer = "cpu", None, None
+        self._pin_memory_int_workspace_buffer = None
+        self._cached_module = types.SimpleNamespace(plan=lambda *a: LOG.append([type(self).__name__, "plan", a[3].tolist()]))
+
+
+def fast_decode_plan(self, indptr, indices, last_page_len, *args, global_override_indptr_cpu=None, **kwargs):
+    """FlashInfer's: the kernels' plan from the CPU lengths given (SGLang's), else from ``indptr``."""
+    self._cached_module.plan(None, None, None, indptr.cpu() if global_override_indptr_cpu is None else
+                             global_override_indptr_cpu)
+
+
 class _Module(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -76,8 +96,11 @@ def install(into_sys_modules=True):
     imports much more of it at module level)."""
     fi = _Module("flashinfer")
     fi.__path__ = []
-    for cls in (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, BatchAttentionWithAttentionSinkWrapper):
+    for cls in (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, BatchAttentionWithAttentionSinkWrapper,
+                BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan):
         setattr(fi, cls.__name__, cls)
+    if not torch.cuda.is_available():  # SGLang's own fast_decode_plan (to 0.5.2) enters the wrapper's device
+        torch.cuda.device = lambda device: contextlib.nullcontext()
     fi.__version__ = "0.0-fake"
     cascade = _Module("flashinfer.cascade")
     cascade.merge_state = lambda o1, s1, o2, s2: (o1 + o2, s1)

@@ -36,10 +36,10 @@ def test_check_runner_reports_pass_fail_and_crash_per_check():
         import time
         from flashfix.tools import verify as _verify
         _verify.CHECKS = (
-            ("ok", "vllm-sink-prefill", "[{'err_flashfix': 0.001, 'err_pre_fix': 0.6}]"),
-            ("too far", "sglang-fp8-kv-scales", "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
-            ("crash", "flashinfer-sink-jit-name", "1/0"),
-            ("cannot run here", "vllm-mla-trtllm-ragged-lse", "[{'case': 'not run', 'not_run': 'needs SM100'}]"),
+            ("ok", "vllm-sink-prefill", 0.005, "[{'err_flashfix': 0.001, 'err_pre_fix': 0.6}]"),
+            ("too far", "sglang-fp8-kv-scales", 0.01, "[{'err_flashfix': 0.5, 'err_pre_fix': 100.0}]"),
+            ("crash", "flashinfer-sink-jit-name", 0.005, "1/0"),
+            ("cannot run here", "vllm-mla-trtllm-ragged-lse", 0.01, "[{'case': 'not run', 'not_run': 'needs SM100'}]"),
         )
         results = _verify._run_checks({("vllm-sink-prefill", None), ("sglang-fp8-kv-scales", None), ("flashinfer-sink-jit-name", None),
                                        ("vllm-mla-trtllm-ragged-lse", None)}, False, time.time())
@@ -77,16 +77,37 @@ def test_result_counts_a_mismatch_present_without_flashfix_apart_and_fails_anyth
     assert r["results"] == [True, 2, False, False, ["not applied: the patch is unknown-shape: ..."]]
 
 
+def test_a_measured_row_whose_released_code_fails_is_said_and_judged_on_the_fix_alone():
+    # vllm-fp8-kv-sharing-view: FlashInfer rejects the uint8 cache the released forward hands it; before, any
+    # pre-fix error failed the check. A control's pre-fix error still fails it (nothing to compare bitwise)
+    (r,), _ = run_py('''
+        from flashfix.tools import verify as _verify
+        import json
+        ok = type("P", (), {"returncode": 0})()
+        uint8 = "ValueError: The dtype of k torch.uint8 does not match the kv_data_type"
+        rows = [{"case": "prefill, KV-sharing", "err_pre_fix": None, "err_flashfix": 0.003, "error_pre_fix": uint8},
+                {"case": "control: owner", "control": True, "bitwise_equal": True}]
+        judged = lambda rows: _verify._result("c", "vllm-fp8-kv-sharing-view", ok, "FLASHFIX_RESULT=" + json.dumps(rows), "")
+        released_fails = judged(rows)
+        rows[1].update(bitwise_equal=False, error_pre_fix=uint8)
+        control_fails = judged(rows)
+        report(results=[released_fails["passed"], _verify._summary(released_fails), control_fails["problems"]])
+    ''')
+    assert r["results"] == [True, "pass, max relative error with flashfix 0.003 (threshold 0.01), without the fix: "
+                            "ValueError: The dtype of k torch.uint8 does not match the kv_data_type",
+                            ["control: owner: ValueError: The dtype of k torch.uint8 does not match the kv_data_type"]]
+
+
 def test_an_applied_patch_without_a_gpu_check_is_named_not_passed():
     # before: verify said "all checks passed" and never named a patch it has no GPU check for
     _, proc = run_py('''
         from flashfix.tools import verify as _verify
         rows = [{"id": i, "engine": "sglang", "engine_version": "0.5.9", "verdict": "patch"}
-                for i in ("sglang-fp8-kv-scales", "sglang-cross-attn-decode-plan-lens")]
+                for i in ("sglang-fp8-kv-scales", "sglang-vision-config")]
         _verify._doctor.diagnose = lambda reader=None: (rows, None)
         gpu = '{"ok": true, "name": "H200", "capability": [9, 0], "torch": "2.11", "flashinfer": "0.6.17"}'
         runtime = 'FLASHFIX_RESULT=[{"id": "sglang-fp8-kv-scales", "state": "applied"}, ' \\
-                  '{"id": "sglang-cross-attn-decode-plan-lens", "state": "applied"}]'
+                  '{"id": "sglang-vision-config", "state": "applied"}]'
         _verify._child = lambda code: type("P", (), {"stdout": gpu if "get_device_capability" in code else runtime,
                                                      "stderr": ""})()
         _verify._run_checks = lambda wanted, as_json, start: [
@@ -94,5 +115,5 @@ def test_an_applied_patch_without_a_gpu_check_is_named_not_passed():
         report(code=_verify.run())
     ''')
     assert "all checks that ran passed" in proc.stdout, proc.stdout
-    assert "sglang-cross-attn-decode-plan-lens: NOT RUN: no GPU check exists for it" in proc.stdout
+    assert "sglang-vision-config: NOT RUN: no GPU check exists for it" in proc.stdout
     assert "sglang-fp8-kv-scales: NOT RUN" not in proc.stdout

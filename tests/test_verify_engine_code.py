@@ -3,6 +3,7 @@ wheels with stand-in imports, or installed) are driven with a FlashInfer stand-i
 wrapper call and its arguments (tests/fake_flashinfer.py), so a release whose function reads
 something verify does not build fails here, not on a GPU."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ if %(path)r is None:  # the installed engine on a CPU (no FlashInfer import ther
     import importlib
     m = importlib.import_module(%(target)r)
     m.merge_state = m._safe_merge_state = fi.cascade.merge_state
-rows = g.%(check)s(path=%(path)r, fi=fi)
+rows = g.%(check)s(path=%(path)r, fi=fi, **%(kwargs)r)
 print("FLASHFIX_RESULT=" + json.dumps({"rows": rows, "log": fake_flashinfer.LOG}, default=repr))
 '''
 
@@ -47,8 +48,8 @@ def row_problems(rows):
                                        if r.get("control") and not r["bitwise_equal"]]
 
 
-def drive(requirement, check, path, target=None):
-    code = CODE % {"tests": str(REPO / "tests"), "check": check, "path": path, "target": target}
+def drive(requirement, check, path, target=None, **kwargs):
+    code = CODE % {"tests": str(REPO / "tests"), "check": check, "path": path, "target": target, "kwargs": kwargs}
     ((result,),) = [engine_env.run(requirement, code,
                                    env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
     return result["rows"], result["log"]
@@ -86,7 +87,7 @@ def test_vllm_factory_and_forward_are_driven_on_the_derived_pre_fix_shape(tmp_pa
     (target / "flashinfer.py").write_text(vllm_prefix_shape.derive_prefix_source(fixed.read_text()))
     (tmp_path / "vllm-0.28.0.dist-info").mkdir()
     (tmp_path / "vllm-0.28.0.dist-info" / "METADATA").write_text(meta.read_text())
-    rows, log = drive("vllm==0.28.0", "vllm_sink", str(tmp_path))
+    rows, log = drive("vllm==0.28.0", "vllm_forward", str(tmp_path), patch_id="vllm-sink-prefill")
     sinks = [r for r in rows if r["case"].startswith("sink prefill")]
     assert len(sinks) == 2 and all(r["calls_pre_fix"][0] == "built BatchPrefillWithPagedKVCacheWrapper"
                                    and r["calls_flashfix"][0] == "built BatchAttentionWithAttentionSinkWrapper"
@@ -215,7 +216,7 @@ def test_vllm_every_derived_pre_fix_shape_in_one_process(tmp_path):
     trees = derived_vllm_trees(tmp_path)
     assert len(trees) >= 4, trees
     code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "vllm", "patch": "vllm-sink-prefill",
-                    "check": "vllm_sink", "kwargs": {}}
+                    "check": "vllm_forward", "kwargs": {"patch_id": "vllm-sink-prefill"}}
     ((out,),) = [engine_env.run("vllm==0.28.0", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
     bad = {}
     for version, _ in trees:
@@ -319,6 +320,68 @@ def test_sglang_per_layer_heads_every_release_in_range_in_one_process():
         planned = [e[2][4 if "Paged" in e[0] else 2] for e in log if e[1] == "begin_forward"][:8]  # num_qo_heads
         if planned != [16, 16, 32, 32] + [16, 16] * 2:  # ragged, paged: main case released, patched; the control
             problems.append("planned query heads: %s" % planned[:8])
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def sweep(dist, patch, check, since, env):
+    """``(trees, {version: {"rows", "log"}})``: ``check`` of ``patch`` driven on every final release of
+    ``dist`` from ``since`` below the patch's fix (its target module read from the wheel), in one process."""
+    from flashfix.core import registry as _registry
+
+    patch = next(p for p in _registry.load_all() if p.id == patch)
+    trees = release_trees(dist, _registry.targets_of(patch)[0], since, patch.fixed_in)
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": dist, "patch": patch.id, "check": check,
+                    "kwargs": {"patch_id": patch.id}}
+    ((out,),) = [engine_env.run(env, code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    return trees, out
+
+
+def test_sglang_cross_attn_every_release_in_range_in_one_process():
+    """sglang-cross-attn-decode-plan-lens on every final release from 0.5.1 to 0.5.9 (posts included): two
+    decode wrappers built as a CUDA graph's, planned by the updater's own update_cross_attention at capture
+    (FlashInfer's plan) and at replay (fast_decode_plan: SGLang's own to 0.5.2, then FlashInfer's), then
+    forward_decode of the cross-attention layer; the replay plans the encoder wrapper from the decoder's CPU
+    lengths as released, from the encoder's patched; the controls are bitwise equal."""
+    from flashfix.tools.gpu_checks import XATTN_REQUESTS
+
+    trees, out = sweep("sglang", "sglang-cross-attn-decode-plan-lens", "sglang_plan", "0.5.1", "sglang==0.5.17")
+    assert len(trees) >= 24 and trees[-1][0] == "0.5.9", trees
+    decoder, encoder = ([0, *itertools.accumulate(r[i] for r in XATTN_REQUESTS)] for i in (1, 0))
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = row_problems(rows)
+        main = [r for r in rows if r["case"].startswith("cross-attention decode")]
+        calls = main and [c.split(" line")[0] for c in main[0]["calls_flashfix"]]
+        if calls != ["decoder.begin_forward", "encoder.begin_forward"] + ["replay.fast_decode_plan"] * 2 + ["encoder.forward"]:
+            problems.append("capture, replay and the cross-attention forward did not run: %s" % calls)
+        planned = [e[2] for e in log if e[1] == "plan"][:4]  # the replay's (decoder, encoder) plans: released, patched
+        if planned != [decoder, decoder, decoder, encoder]:
+            problems.append("the replay planned from CPU lengths %s" % planned)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def test_vllm_fp8_kv_sharing_every_release_in_range_in_one_process():
+    """vllm-fp8-kv-sharing-view on every final release from 0.20.0 to 0.21.0: FlashInferImpl.forward of a
+    prefill on a layer that shares another layer's FP8 e4m3 cache (vLLM's uint8 storage) hands FlashInfer the
+    uint8 cache as released, an FP8 view patched, with the layer's scales; the controls are bitwise equal."""
+    trees, out = sweep("vllm", "vllm-fp8-kv-sharing-view", "vllm_forward", "0.20.0", "vllm==0.28.0")
+    assert [v for v, _ in trees] == ["0.20.0", "0.20.1", "0.20.2", "0.21.0"], trees
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = row_problems(rows)
+        main = [r for r in rows if "KV-sharing layer" in r["case"]]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != [
+                "built BatchPrefillWithPagedKVCacheWrapper", "prefill.run"]:
+            problems.append("the prefill did not run: %s" % main)
+        runs = [(e[2][0].split()[-1], e[3]["k_scale"], e[3]["v_scale"]) for e in log if e[1] == "run"][:2]
+        if runs != [("uint8", 0.05, 0.07), ("float8_e4m3fn", 0.05, 0.07)]:
+            problems.append("the cache FlashInfer got (released, patched): %s" % runs)
         if problems:
             bad[version] = problems
     assert not bad, bad

@@ -1,12 +1,9 @@
-"""``flashfix verify``'s numeric checks, on a GPU: the engines' own code against float64 computed from
-exactly the values the kernel reads (relative L2 error of the whole output). torch and FlashInfer
-are imported inside the functions, never when this module loads.
-
-Each engine check (``sglang_fp8``, ``sglang_plan``, ``vllm_sink``, ``vllm_lse``) runs the engine's
-patched functions (installed, or loaded by ``EngineModuleFinder`` with stand-in engine imports) and
-the code kept for ``revert`` on the same inputs, building only what the function reads; it counts the
-FlashInfer calls made from the engine's file (``Calls``) and fails a function that read a stand-in
-(``drive``). ``sink_sequence``: several sink wrappers in one process (the JIT kernel-name collision).
+"""``flashfix verify``'s numeric checks, on a GPU: relative L2 error of the whole output against float64 computed
+from exactly the values the kernel reads; torch and FlashInfer are imported inside the functions. Each engine check
+(``sglang_fp8``, ``sglang_plan``, ``vllm_forward``, ``vllm_lse``) runs the engine's patched functions (installed, or
+loaded by ``EngineModuleFinder`` with stand-in engine imports) and the code kept for ``revert`` on the same inputs,
+building only what the function reads; it counts the FlashInfer calls made from the engine's file (``Calls``) and
+fails a function that read a stand-in (``drive``). ``sink_sequence``: sink wrappers in one process (JIT names).
 """
 
 import functools
@@ -24,11 +21,11 @@ NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 2, 64, 16
 
 # (name, [(new tokens, kv length), ...], window_left)
 SINK_CASES = (("no prefix", [(1, 1), (57, 57), (300, 300)], -1), ("sliding window 128", [(400, 400), (128, 1000)], 128))
-SINK = "BatchAttentionWithAttentionSinkWrapper"
 
 # (prefix tokens in the FP8 cache, new tokens) per request
 FP8_REQUESTS = ((100, 37), (500, 128), (1000, 1), (64, 300))
 K_SCALE, V_SCALE = 0.05, 0.07
+SHARING_CASES = (("requests with a cached prefix", [(n, p + n) for p, n in FP8_REQUESTS], -1),)
 
 
 # --- common -----------------------------------------------------------------------------------
@@ -37,12 +34,10 @@ K_SCALE, V_SCALE = 0.05, 0.07
 def rel_l2(out, ref):
     """Relative L2 error in float64, ``out`` read in ``ref``'s shape; NaN/inf in ``out`` give
     ``inf``; None without an output (the run failed) or a reference (a CPU test)."""
-    import torch
-
     if out is None or ref is None:
         return None
     out = out.double().reshape(ref.shape)
-    if not torch.isfinite(out).all():
+    if not out.isfinite().all():
         return math.inf
     return float((out - ref).norm() / ref.norm())
 
@@ -102,7 +97,7 @@ class PagedBatch:
 
         kv_dtype = kv_dtype or torch.bfloat16
         gen = torch.Generator(device=device).manual_seed(seed)
-        self.seqs, self.page_size, self.head_dim = list(seqs), page_size, head_dim
+        self.seqs, self.page_size, self.head_dim, self.scales = list(seqs), page_size, head_dim, (k_scale, v_scale)
         pages_per = [-(-kv // page_size) for _, kv in self.seqs]
         total_pages = sum(pages_per)
         order = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
@@ -125,22 +120,20 @@ class PagedBatch:
         start, end = int(self.kv_indptr[index]), int(self.kv_indptr[index + 1])
         return cache[self.kv_indices[start:end].long()].reshape(-1, NUM_KV_HEADS, self.head_dim)[: self.seqs[index][1]]
 
-    def reference(self, sm_scale, window_left=-1):
+    def reference(self, sm_scale, window_left=-1, sinks=True):
         import torch
 
         return torch.cat([reference(self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])], self.request_kv(i, "k"),
-                                    self.request_kv(i, "v"), sm_scale, window_left=window_left, sinks=self.sinks)
+                                    self.request_kv(i, "v"), sm_scale, window_left=window_left, sinks=self.sinks if sinks else None)
                           for i in range(len(self.seqs))])
 
     def plan(self, wrapper, sm_scale, window_left):
-        """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill."""
-        import torch
-
+        """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill (bf16 queries and output)."""
         wrapper.plan(qo_indptr=self.qo_indptr, paged_kv_indptr=self.kv_indptr, paged_kv_indices=self.kv_indices,
                      paged_kv_last_page_len=self.last_page_len, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
                      head_dim_qk=self.head_dim, page_size=self.page_size, causal=True, sm_scale=sm_scale,
-                     window_left=window_left, logits_soft_cap=None, q_data_type=torch.bfloat16,
-                     kv_data_type=self.kv_dtype, o_data_type=torch.bfloat16)
+                     window_left=window_left, logits_soft_cap=None, q_data_type=self.q.dtype,
+                     kv_data_type=self.kv_dtype, o_data_type=self.q.dtype)
 
 
 # --- the engine's own code: installed, or loaded from a wheel or tree with stand-in imports ----
@@ -233,6 +226,7 @@ def engine_module(patch_id, path=None):
     patch = next(p for p in _registry.load_all() if p.id == patch_id)
     others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
+    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before SGLang 0.5.1's module reads it
     del _registry._config_cache[:]
     tree = _locate.open_path(os.path.abspath(path)) if path else None  # the module's __file__ is absolute
     # the tree first, then this interpreter (its real FlashInfer, which the new code may take names from)
@@ -273,10 +267,6 @@ class Calls:
             wrapper.__dict__[name] = counted
         return wrapper
 
-    def take(self):
-        taken, self.log = self.log, []
-        return taken
-
 
 def drive(func, args, kwargs, calls, allowed=()):
     """``func(*args, **kwargs)``: ``(output, FlashInfer calls, error)``; stand-in reads other
@@ -292,20 +282,20 @@ def drive(func, args, kwargs, calls, allowed=()):
     unknown = sorted({r for r in _reads if not r.startswith(tuple(allowed))})
     if unknown and error is None:
         error = "cannot be driven: read stand-in(s) verify does not build: %s" % ", ".join(unknown)
-    return out, calls.take(), error
+    taken, calls.log = calls.log, []
+    return out, taken, error
 
 
 def _same(a, b):
-    import torch
-
-    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+    return a is not None and b is not None and a.shape == b.shape and a.equal(b)
 
 
-def _pair(rows, row, run, original, live, err=None, **kw):
+def _pair(rows, row, run, original, live, err=None, controls=(), **kw):
     """Add ``row`` with ``run(function, **kw)`` of the code as released and as patched: the FlashInfer
     calls and errors of each, and the errors against float64 (``err(output, *what run gave after its
-    error)``) or, for a control, whether they are bitwise equal. Returns the released code's output."""
-    t = time.time()
+    error)``) or, for a control, whether they are bitwise equal; then a row per control ``(name, kw)``.
+    Returns the released code's output."""
+    t, base = time.time(), dict(row)
     (o1, c1, e1, *x1), (o2, c2, e2, *x2) = run(original, **kw), run(live, **kw)
     row.update(calls_pre_fix=c1, calls_flashfix=c2, error_pre_fix=e1, error_flashfix=e2, seconds=round(time.time() - t, 1),
                bitwise_equal=_same(o1, o2))
@@ -314,6 +304,8 @@ def _pair(rows, row, run, original, live, err=None, **kw):
     else:
         row.update(err_pre_fix=err(o1, *x1), err_flashfix=err(o2, *x2))
     rows.append(row)
+    for name, ckw in controls:
+        _pair(rows, dict(base, case="control: " + name), run, original, live, **ckw)
     return o1
 
 
@@ -328,8 +320,7 @@ def _engine(patch_id, path, functions, fi):
     pairs = [live_and_original(record, f) for f in functions]
     head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
                            for _, o in pairs])
-    device = "cuda" if fi is None else "cpu"
-    return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, device
+    return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, "cuda" if fi is None else "cpu"
 
 
 def _revert(patch_id, rows, head, same):
@@ -344,26 +335,26 @@ def _revert(patch_id, rows, head, same):
 
 
 def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
-            tensors=(1.0, 1.0), heads=NUM_QO_HEADS):
-    """SGLang's ``forward_extend`` driven with ``self``, ``layer`` and ``forward_batch`` holding what
-    it reads, 0.5.1 to 0.5.20: a decoder layer of full attention (with two wrappers, a sliding-window
-    backend's wrapper 1), the KV pool's buffer ``cache``; KV not saved."""
+            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None):
+    """SGLang's ``forward_extend`` (``forward_decode``) driven with ``self``, ``layer`` and ``forward_batch`` holding
+    what it reads, 0.5.1 to 0.5.20: a decoder layer (two wrappers: a sliding-window backend's full-attention layer;
+    ``cross`` not None: a cross-attention backend's cross or self-attention layer), the KV pool's buffer ``cache``."""
     pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
     backend = object.__new__(module.FlashInferAttnBackend)
     backend.__dict__.update(
         forward_metadata=types.SimpleNamespace(prefill_wrappers=wrappers, use_ragged=use_ragged, extend_no_prefix=no_prefix,
-                                               multi_item_params=None),
+                                               multi_item_params=None, decode_wrappers=wrappers),
         num_wrappers=len(wrappers), prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
         prefill_uses_dequant_workspace=False, is_dllm_model=False)
     if len(wrappers) > 1:
-        backend.dispatch_reason = module.WrapperDispatch.SLIDING_WINDOW
+        backend.dispatch_reason = getattr(module.WrapperDispatch, "SLIDING_WINDOW" if cross is None else "CROSS_ATTENTION")
     head_dim = cache.head_dim
     layer = types.SimpleNamespace(
-        layer_id=0, is_cross_attention=False, logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
+        layer_id=0, is_cross_attention=bool(cross), logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
         tp_q_head_num=heads, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
         attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
         k_scale_float=scales[0], v_scale_float=scales[1])
-    batch = types.SimpleNamespace(out_cache_loc=None, token_to_kv_pool=pool)
+    batch = types.SimpleNamespace(out_cache_loc=None, encoder_out_cache_loc=None, token_to_kv_pool=pool)
     # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
     return drive(func, (backend, q, k, v, layer, batch), {"save_kv_cache": False}, calls,
                  allowed=[module.AttentionType.__qualname__])
@@ -375,7 +366,6 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
     prefix, paged-only, scales 1.0); then ``revert()``."""
     import torch
 
-    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before 0.5.1's module reads it
     module, rows, head, pairs, fi, device = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"], fi)
     if not pairs:
         return rows
@@ -407,26 +397,24 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
                 i, "v")), head_dim ** -0.5))
 
         base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
-        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err)
-        main = rows[-1]
+        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err, [
+            ("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
+            ("scales 1.0", dict(scales=(1.0, 1.0)))])
+        main = rows[-4]
         if main["error_flashfix"] and not main["error_pre_fix"]:
             # does the engine's own paged-only call, which flashfix leaves alone, fail the same way?
             same = run(original, kv_lens=whole, use_ragged=False)[2]
             if same and same.split(":")[0] == main["error_flashfix"].split(":")[0]:
-                main["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
-                                    "forward, unpatched, fails the same way (%s)" % same)
+                for r in [main] + [r for r in rows[-3:] if (r["error_flashfix"] or r["error_pre_fix"] or "").split(":")[0]
+                                   == same.split(":")[0]]:
+                    r["mismatch"] = ("engine/FlashInfer mismatch present without flashfix: the engine's own paged-only "
+                                     "forward, unpatched, fails the same way (%s)" % same)
                 _pair(rows, dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale as floats"), run, original,
                       live, err, floats=True)
-        for name, kw in (("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
-                         ("scales 1.0", dict(scales=(1.0, 1.0)))):
-            _pair(rows, dict(base, case="control: " + name), run, original, live, **kw)
-            if main.get("mismatch") and (rows[-1]["error_flashfix"] or rows[-1]["error_pre_fix"] or "").split(":")[0] \
-                    == same.split(":")[0]:
-                rows[-1]["mismatch"] = main["mismatch"]
     return _revert("sglang-fp8-kv-scales", rows, head, lambda: _same(run(live)[0], released))
 
 
-# --- vllm-sink-prefill: FlashInferMetadataBuilder._get_prefill_wrapper and FlashInferImpl.forward ---
+# --- vLLM's FlashInferImpl.forward: sinks (with the builder's prefill-wrapper factory), FP8 KV sharing ---
 
 
 def _provide(module, always=(), stand_in_only=()):
@@ -443,28 +431,27 @@ def _forcing_fa2(classes):
     """Construct FlashInfer's wrappers with ``backend="fa2"`` (what SM12x runs) while the check runs."""
     saved = [(c, c.__dict__["__init__"]) for c in classes if "__init__" in c.__dict__]
     for cls, init in saved:
-        def forced(self, *args, _init=init, **kwargs):
-            _init(self, *args, **dict(kwargs, backend="fa2"))
-        cls.__init__ = forced
+        cls.__init__ = lambda self, *args, _init=init, **kwargs: _init(self, *args, **dict(kwargs, backend="fa2"))
     return saved
 
 
-def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=None):
-    """vLLM's own prefill-wrapper factory and ``FlashInferImpl.forward`` (patched, and as
-    released) on a paged prefill of a model with attention sinks, against float64; controls:
-    no sinks, and a GPU the build serves no sinks on; then ``revert()``."""
+def vllm_forward(patch_id, path=None, cases=(), seed=0, fi=None):
+    """vLLM's own ``FlashInferImpl.forward`` (patched, and as released) on a paged prefill, against float64; then
+    ``revert()``. Sinks, with the builder's prefill-wrapper factory (controls: no sinks, a GPU without sink support).
+    FP8 KV sharing: a layer reading another's FP8 cache, uint8 as vLLM stores it (controls: a layer owning it, bf16)."""
     import torch
 
-    module, rows, head, pairs, fi, device = _engine("vllm-sink-prefill", path, [
-        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"], fi)
+    sink = patch_id == "vllm-sink-prefill"
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, [
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"][0 if sink else 1:], fi)
     if not pairs:
         return rows
-    (factory, factory_0), (forward, forward_0) = pairs
+    (factory, factory_0), (forward, forward_0) = pairs[0], pairs[-1]
     saved = _provide(module, {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}, {
         "is_quantized_kv_cache": lambda dtype: dtype != "auto", "FP8_DTYPE": torch.float8_e4m3fn,
         "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
         "get_flashinfer_layout_string": lambda layout: "NHD"})
-    forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, getattr(fi, SINK)]) if device == "cuda" else []
+    forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, fi.BatchAttentionWithAttentionSinkWrapper]) if device == "cuda" else []
     calls = Calls(forward.__code__.co_filename)
     if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
         layout, order = None, module.FlashInferBackend.get_kv_cache_stride_order()
@@ -476,16 +463,13 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                   is_kvcache_nvfp4=False, nvfp4_fa2=False, nvfp4_trtllm=False)
     bf16, sm_scale = torch.bfloat16, HEAD_DIM ** -0.5
     try:
-        for name, seqs, window_left in [c for c in SINK_CASES if c[0] in cases]:
-            batch = PagedBatch(seqs, seed=seed, device=device)
+        for name, seqs, window_left in [c for c in (SINK_CASES if sink else SHARING_CASES) if not cases or c[0] in cases]:
+            batches = {"auto": PagedBatch(seqs, seed=seed, device=device), "fp8": PagedBatch(
+                seqs, kv_dtype=torch.float8_e4m3fn, k_scale=K_SCALE, v_scale=V_SCALE, seed=seed, device=device)}
             common["window_left"] = window_left
-            # the cache as vLLM lays it out for NHD, [blocks, tokens, heads, K|V], handed to forward as
-            # the view that forward's stride order turns back into it
-            memory = torch.cat([batch.k_cache, batch.v_cache], dim=-1)
-            kv_cache = memory.permute(*sorted(range(len(order)), key=order.__getitem__))
 
-            def run(patched, has_sinks=True, sm12x=True):
-                make, fwd = (factory, forward) if patched else (factory_0, forward_0)
+            def run(patched, has_sinks=True, sm12x=True, shared=not sink, kv="auto" if sink else "fp8"):
+                (make, fwd), batch = (factory, forward) if patched else (factory_0, forward_0), batches[kv]
                 cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
                 module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
                 module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
@@ -493,37 +477,41 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
                 builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
                                         kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
                                         _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
-                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls)
+                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls) if sink else (
+                    fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"), [], None)
                 if error:
                     return None, [], error
                 calls.watch("prefill", wrapper, names=("run",))
                 batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
                 impl.__dict__.update(common, num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
-                                     scale=sm_scale, sinks=batch.sinks, kv_cache_dtype="auto", logits_soft_cap=None,
-                                     dcp_world_size=1, bmm1_scale=None, bmm2_scale=None, o_sf_scale=None,
-                                     _nvfp4_fp8_out=None)
-                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0,
-                                              _q_scale=torch.tensor(1.0), _o_scale_float=None)
+                                     scale=sm_scale, sinks=batch.sinks if sink else None, kv_cache_dtype=kv, bmm2_scale=None,
+                                     logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, o_sf_scale=None, _nvfp4_fp8_out=None,
+                                     kv_sharing_target_layer_name="model.layers.0.self_attn.attn" if shared else None)
+                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=batch.scales[0], _o_scale_float=None,
+                                              _v_scale_float=batch.scales[1], _q_scale=torch.tensor(1.0))
                 n = len(batch.q)
                 metadata = types.SimpleNamespace(
                     kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
                     num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
-                    q_data_type_prefill=bf16, q_data_type_decode=bf16, prefill=module.FIPrefill(wrapper=wrapper),
-                    decode=None)
+                    q_data_type=bf16, q_data_type_prefill=bf16, q_data_type_decode=bf16, decode=None,
+                    prefill=module.FIPrefill(wrapper=wrapper))
+                # the cache as vLLM allocates it for NHD ([blocks, 2, tokens, heads, D] to 0.27, then K|V in the last
+                # dim; FP8 as uint8), handed to forward as the view that forward's stride order turns back into it
+                memory = (torch.cat, torch.stack)[len(order) == 5]([batch.k_cache, batch.v_cache], 1 if len(order) == 5 else -1)
+                kv_cache = memory.view(torch.uint8 if kv == "fp8" else bf16).permute(*sorted(range(len(order)), key=order.__getitem__))
                 output = torch.empty_like(batch.q)
-                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {},
-                                       calls)
+                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
                 return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error
 
-            def err(out):
-                return None if out is None or device == "cpu" else rel_l2(out, batch.reference(sm_scale, window_left))
-
+            ref = None if device == "cpu" else batches["auto" if sink else "fp8"].reference(sm_scale, window_left, sink)
             base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
-            released = _pair(rows, dict(base, case="sink prefill, " + name), run, False, True, err)
-            for label, kw in (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))):
-                _pair(rows, dict(base, case="control: %s, %s" % (label, name)), run, False, True, **kw)
-        return _revert("vllm-sink-prefill", rows, head, lambda: _same(run(True)[0], released))
+            controls = (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))) if sink \
+                else (("a layer that owns its cache", dict(shared=False)), ("a bf16 cache", dict(kv="auto")))
+            released = _pair(rows, dict(base, case=("sink prefill, " if sink else "prefill, FP8 e4m3 cache of a "
+                                                    "KV-sharing layer, ") + name), run, False, True, lambda o: rel_l2(o, ref),
+                             [("%s, %s" % (label, name), kw) for label, kw in controls])
+        return _revert(patch_id, rows, head, lambda: _same(run(True)[0], released))
     finally:
         module.__dict__.update(saved)
         for cls, init in forced:
@@ -536,10 +524,8 @@ def vllm_sink(path=None, cases=("no prefix", "sliding window 128"), seed=0, fi=N
 def _merge_ln(output, prefix, prefix_lse, suffix, suffix_lse, *_):
     """vLLM's ``merge_attn_states`` (its CUDA op and Triton kernel compute this): the two partial
     outputs weighted by their LSEs ([heads, tokens]) read as natural log, written into ``output``."""
-    import torch
-
-    top = torch.maximum(prefix_lse, suffix_lse).float()
-    p, s = (torch.exp(lse.float() - top).T.unsqueeze(-1) for lse in (prefix_lse, suffix_lse))
+    top = prefix_lse.maximum(suffix_lse).float()
+    p, s = ((lse.float() - top).exp().T.unsqueeze(-1) for lse in (prefix_lse, suffix_lse))
     return output.copy_((prefix.float() * p + suffix.float() * s) / (p + s))
 
 
@@ -606,46 +592,49 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
     base = dict(head, requests=[list(r) for r in requests], heads=[heads, kv_heads], head_dim=[dk, dv])
     try:
         released = _pair(rows, dict(base, case="cached prefix + new tokens, merged"), run, original, live,
-                         lambda o: rel_l2(o, ref))
-        if mla:
-            _pair(rows, dict(base, case="control: new tokens without LSE"), run, original, live, lse=False)
+                         lambda o: rel_l2(o, ref), [("new tokens without LSE", dict(lse=False))] if mla else ())
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
     finally:
         module.__dict__.update(saved)
 
 
-# --- SGLang's prefill planning: FlashInferIndicesUpdaterPrefill ----------------------------------
+# --- SGLang's planning: the prefill and decode index updaters ------------------------------------
 
 SWA_REQUESTS, SWA_WINDOW = ((100, 37), (500, 128), (64, 300)), 128  # (cached prefix, new tokens); window
+XATTN_REQUESTS = ((1601, 5), (1601, 7), (40, 3), (700, 1))  # (encoder tokens, decoder tokens)
 
 
-def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, head_dim=128, seed=0, fi=None):
-    """SGLang's own prefill planning (patched, and as released), then its ``forward_extend`` of a ragged
-    extend over a cached prefix whose extend slots hold garbage, against float64; then ``revert()``.
-    SWA: a full-attention layer (control: paged-only); per-layer heads: the 32-head layer of [16, 32]
-    (control: no per-layer counts)."""
+def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=128, seed=0, fi=None):
+    """SGLang's own planning (patched, and as released), then its forward, against float64; then ``revert()``.
+    ``forward_extend`` of a ragged extend over a cached prefix whose extend slots hold garbage: SWA, a full-attention
+    layer (control: paged-only); per-layer heads, the 32-head layer of [16, 32] (control: no per-layer counts).
+    Cross-attention: ``forward_decode`` of a cross-attention layer, its decode wrappers planned as a CUDA graph's
+    replay plans them, by ``fast_decode_plan`` (controls: the self-attention layer; the plan at capture)."""
     import collections
     import torch
 
-    os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")
-    swa = patch_id == "sglang-swa-full-attn-ragged-prefix"
-    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["update_sliding_window" if swa else "Prefill.__init__"], fi)
+    swa, cross = (patch_id == "sglang-%s" % n for n in ("swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens"))
+    requests = requests or (XATTN_REQUESTS if cross else SWA_REQUESTS)
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, [
+        "update_sliding_window" if swa else "update_cross_attention" if cross else "Prefill.__init__"], fi)
     if not pairs:
         return rows
     (live, original), = pairs
     calls, bs, i32, bf16 = Calls(live.__code__.co_filename), len(requests), torch.int32, torch.bfloat16
-    cache = PagedBatch([(n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed, device=device)
+    cache = PagedBatch([(1 if cross else n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed,
+                       device=device)  # cross: a request's encoder slots, then its decoder's; one query token
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    heads = NUM_QO_HEADS * (1 if swa else 2)
+    heads, labels = NUM_QO_HEADS * (1 if swa or cross else 2), ("swa", "full") if swa else ("", "") if cross else ("",)
     q, k, v = (torch.randn(len(cache.q), h, head_dim, generator=gen, device=device).to(bf16)
                for h in (heads, NUM_KV_HEADS, NUM_KV_HEADS))
-    prefix = torch.tensor([p for p, _ in requests], dtype=i32, device=device)
-    seq = prefix + torch.tensor([n for _, n in requests], dtype=i32, device=device)
-    req_to_token = torch.zeros(bs, int(seq.max()), dtype=i32, device=device)
+    prefix, new = (torch.tensor(x, dtype=i32, device=device) for x in zip(*requests))
+    seq = new if cross else prefix + new  # the lengths the updater gets: cross, the decoder's (encoder_lens: prefix)
+    req_to_token = torch.zeros(bs, int((prefix + new).max()), dtype=i32, device=device)
     for i, (p, _) in enumerate(requests):  # the request's slots; its extend slots hold garbage until written
         slots = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
         req_to_token[i, :len(slots)] = slots
-        cache.k_cache[slots[p:].long()] = cache.v_cache[slots[p:].long()] = 30.0
+        if not cross:
+            cache.k_cache[slots[p:].long()] = cache.v_cache[slots[p:].long()] = 30.0
 
     def gather(table, rows, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
         for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist())):
@@ -662,8 +651,11 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
         "create_flashinfer_kv_indices_triton": collections.defaultdict(lambda: gather), "get_attention_tp_size": lambda: 1,
         "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=1),
         "get_forward_context": lambda: None})  # 0.5.10: None outside a piecewise CUDA graph
-    cls = module.FlashInferIndicesUpdaterPrefill
-    # what the updater holds (SWA: set here; per-layer heads: read by its own __init__ from these two)
+    if cross:  # the replay's plans counted: the engine's own fast_decode_plan (to 0.5.2) or FlashInfer's
+        saved["fast_decode_plan"] = module.fast_decode_plan
+        calls.watch("replay", module, ("fast_decode_plan",))
+    cls = module.FlashInferIndicesUpdaterDecode if cross else module.FlashInferIndicesUpdaterPrefill
+    # what the updater holds (SWA, cross: set here; per-layer heads: read by its own __init__ from these two)
     backend = types.SimpleNamespace(kv_index_translator=table, dq_paged_kernel_lens=None, dispatch_reason=None, page_size=1,
                                     num_wrappers=1, flashinfer_kv_cache_dtype=bf16, _swa_kv_pool=None,
                                     kv_last_page_len=torch.ones(bs, dtype=i32, device=device))
@@ -671,19 +663,24 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
                                    req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
                                    token_to_kv_pool_allocator=None)
 
-    def run(func, use_ragged=True, per_layer=(NUM_QO_HEADS, 2 * NUM_QO_HEADS)):
+    def run(func, use_ragged=True, per_layer=(NUM_QO_HEADS, 2 * NUM_QO_HEADS), cross_layer=True, replay=True):
         workspace, names = _workspace(device), ("forward", "forward_return_lse", "begin_forward")
-        wrappers = [calls.watch("paged " + n, fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2"), names)
-                    for n in (("swa", "full") if swa else ("",))]
-        backend.__dict__.update(kv_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in wrappers],
-                                qo_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in wrappers],
+        backend.__dict__.update(kv_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in labels],
+                                qo_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in labels],
                                 prefill_wrapper_ragged=calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(
                                     workspace, "NHD", backend="fa2"), names))
+        # cross: as SGLang's CUDA-graph capture builds them; no tensor cores: the plan every release can call in FI 0.6
+        wrappers = [calls.watch(n, fi.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False, paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=torch.zeros(len(cache.kv_indices), dtype=i32, device=device),
+            paged_kv_last_page_len_buffer=backend.kv_last_page_len), names) for n, indptr in zip(
+            ("decoder", "encoder"), backend.kv_indptr)] if cross else [calls.watch(
+            "paged " + n, fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2"), names) for n in labels]
         runner.model_config = types.SimpleNamespace(
             num_attention_heads=NUM_QO_HEADS, head_dim=head_dim, get_num_kv_heads=lambda tp: NUM_KV_HEADS,
             hf_text_config=types.SimpleNamespace(num_attention_heads_per_layer=per_layer))
         updater = object.__new__(cls)
-        if swa:
+        if swa or cross:
             updater.__dict__.update(
                 backend.__dict__, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, data_type=bf16,
                 q_data_type=bf16, sliding_window_size=window, req_to_token=req_to_token, token_to_kv_pool_allocator=None,
@@ -692,27 +689,34 @@ def sglang_plan(patch_id, path=None, requests=SWA_REQUESTS, window=SWA_WINDOW, h
         else:
             _, took, error = drive(func, (updater, runner, backend), {}, calls)
             update = cls.update_single_wrapper
-        if not error:
-            _, more, error = drive(update, (updater,), _args(
-                update, req_pool_indices=torch.arange(bs, device=device), seq_lens=seq, seq_lens_cpu=seq.cpu(),
-                seq_lens_sum=int(seq.sum()), prefix_lens=prefix, prefill_wrappers=wrappers, use_ragged=use_ragged,
-                encoder_lens=None, spec_info=None, extend_prefix_lens_cpu=prefix.tolist(), kv_view=view), calls)
-            took += more
+        for step in range(2 if cross and replay else 1):  # cross: a CUDA graph's capture, then its replay
+            if step:  # what capture leaves: each wrapper plans by fast_decode_plan, from lengths on the CPU
+                for w in wrappers:
+                    w.begin_forward = functools.partial(module.fast_decode_plan, w)
+            if not error:
+                _, more, error = drive(update, (updater,), _args(
+                    update, req_pool_indices=torch.arange(bs, device=device), seq_lens=seq, seq_lens_cpu=seq.cpu(),
+                    seq_lens_sum=int(seq.sum()), prefix_lens=prefix, prefill_wrappers=wrappers, decode_wrappers=wrappers,
+                    use_ragged=use_ragged, encoder_lens=prefix if cross else None, spec_info=None,
+                    extend_prefix_lens_cpu=prefix.tolist(), kv_view=view), calls)
+                took += more
         if error:
             return None, took, error
-        out, more, error = _extend(module, module.FlashInferAttnBackend.forward_extend, calls, wrappers,
-                                   backend.prefill_wrapper_ragged, cache, q, k, v, use_ragged, heads=heads)
+        out, more, error = _extend(module, getattr(module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend")),
+                                   calls, wrappers, backend.prefill_wrapper_ragged, cache, q, *((None, None) if cross else (k, v)),
+                                   use_ragged, heads=heads, cross=cross_layer if cross else None)
         return out, took + more, error
 
-    ref = _prefix_reference(q, k, v, cache.qo_indptr, lambda i: tuple(cache.request_kv(i, x)[:requests[i][0]] for x in "kv"),
-                            head_dim ** -0.5)
+    # cross: a decode query attends to its encoder's K/V alone
+    ref = _prefix_reference(q, *((k[:0], v[:0]) if cross else (k, v)), cache.qo_indptr, lambda i: tuple(
+        cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
+    case, controls = (("ragged extend over a cached prefix, full-attention layer", [("paged-only extend", dict(
+        use_ragged=False))]) if swa else ("cross-attention decode, planned as a CUDA graph replays", [
+            ("the self-attention layer", dict(cross_layer=False)), ("the plan at capture", dict(replay=False))]) if cross else (
+        "ragged extend over a cached prefix, 32-head layer", [("a model without per-layer head counts", dict(per_layer=None))]))
     try:
-        released = _pair(rows, dict(base, case="ragged extend over a cached prefix, %s layer" % (
-            "full-attention" if swa else "32-head")), run, original, live, lambda o: rel_l2(o, ref))
-        _pair(rows, dict(base, case="control: " + ("paged-only extend" if swa else "a model without per-layer head "
-                                                   "counts")), run, original, live, **(
-            dict(use_ragged=False) if swa else dict(per_layer=None)))
+        released = _pair(rows, dict(base, case=case), run, original, live, lambda o: rel_l2(o, ref), controls)
         return _revert(patch_id, rows, head, lambda: _same(run(live)[0], released))
     finally:
         module.__dict__.update(saved)
@@ -751,5 +755,3 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
     logging.getLogger("flashfix").removeHandler(caught)
     return {"rows": rows, "flashfix_warnings": messages}
 
-
-__all__ = ["sglang_fp8", "sglang_plan", "vllm_sink", "vllm_lse", "sink_sequence", "reference", "rel_l2", "engine_module"]

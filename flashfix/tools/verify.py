@@ -1,17 +1,12 @@
-"""``flashfix verify``: are the fixes in force and numerically right on this GPU and FlashInfer?
+"""``flashfix verify``: are the fixes in force and numerically right on this GPU and FlashInfer? Meant for an
+image pipeline, on the target GPU, before traffic reaches it: (1) the doctor's verdict per patch (no engine
+imported); (2) the runtime state per patch after importing the engines' target modules in a child process, as
+``import flashfix`` in a server would leave them; (3) for every patch that changes numbers and applies (to the
+installed engine, or to a wheel or tree given with ``--path``), a check of ``CHECKS`` in its own child process,
+side by side (FlashInfer JIT-compiles about a minute per kernel variant): ``flashfix.tools.gpu_checks``.
 
-Meant for an image pipeline, on the target GPU, before traffic reaches it:
-
-1. the doctor's verdict per patch (no engine imported);
-2. the runtime state per patch after importing the engines' target modules in a child
-   process, exactly as ``import flashfix`` in a server would leave them;
-3. for every patch that changes numbers and applies (to the installed engine, or to a wheel or
-   tree given with ``--path``), a check of ``CHECKS`` in its own child process, side by side
-   (FlashInfer JIT-compiles about a minute per kernel variant): ``flashfix.tools.gpu_checks``.
-
-Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not
-run, with why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no
-engine (vLLM, SGLang or FlashInfer) to check.
+Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not run, with
+why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no engine to check.
 """
 
 import contextlib
@@ -27,26 +22,26 @@ from flashfix.tools import doctor as _doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
 
-THRESHOLDS = {"vllm-sink-prefill": 0.005, "sglang-fp8-kv-scales": 0.01, "flashinfer-sink-jit-name": 0.005,
-              "vllm-mla-flashinfer-lse": 0.01, "vllm-dcp-prefill-lse": 0.01, "vllm-mla-trtllm-ragged-lse": 0.01,
-              "sglang-swa-full-attn-ragged-prefix": 0.01, "sglang-per-layer-heads-plan": 0.01}
 TRTLLM = ("needs TRT-LLM's ragged DeepSeek prefill kernels, which run on SM100 only: no GPU check exists for it (the "
           "project's GPU is an SM90 H200, where vLLM never selects this backend); its CPU tests drive the engine's code")
 
-# (name, patch id, expression run in a child with ``g`` = gpu_checks and ``path`` = the engine's wheel or
-# tree, None: installed). The vLLM sink patch acts on SM12x only, where FlashInfer runs fa2: the check
-# forces fa2 on any GPU (on SM90 ``auto`` picks fa3, whose sliding-window kernels JIT-compile 8+ min).
+# (name, patch id, threshold, expression run in a child with ``g`` = gpu_checks, ``patch`` = the patch id and ``path``
+# = the engine's wheel or tree, None: installed). The vLLM sink patch acts on SM12x only, where FlashInfer runs fa2:
+# the check forces fa2 on any GPU (on SM90 ``auto`` picks fa3, whose sliding-window kernels JIT-compile 8+ min).
 CHECKS = (
-    ("sink-prefill fa2", "vllm-sink-prefill", "g.vllm_sink(path, cases=('no prefix',))"),
-    ("sink-prefill fa2 window", "vllm-sink-prefill", "g.vllm_sink(path, cases=('sliding window 128',))"),
-    ("fp8-paged", "sglang-fp8-kv-scales", "g.sglang_fp8(path)"),
-    ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", "g.sglang_plan('sglang-swa-full-attn-ragged-prefix', path)"),
-    ("per-layer-heads-plan", "sglang-per-layer-heads-plan", "g.sglang_plan('sglang-per-layer-heads-plan', path)"),
-    ("sink-jit-name", "flashinfer-sink-jit-name", "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
-    ("mla-prefill-lse", "vllm-mla-flashinfer-lse", "g.vllm_lse('vllm-mla-flashinfer-lse', path)"),
-    ("dcp-prefill-lse", "vllm-dcp-prefill-lse", "g.vllm_lse('vllm-dcp-prefill-lse', path)"),
-    ("mla-trtllm-ragged-lse", "vllm-mla-trtllm-ragged-lse", "[{'case': 'not run', 'not_run': %r}]" % TRTLLM),
+    ("sink-prefill fa2", "vllm-sink-prefill", 0.005, "g.vllm_forward(patch, path, cases=('no prefix',))"),
+    ("sink-prefill fa2 window", "vllm-sink-prefill", 0.005, "g.vllm_forward(patch, path, cases=('sliding window 128',))"),
+    ("fp8-kv-sharing", "vllm-fp8-kv-sharing-view", 0.01, "g.vllm_forward(patch, path)"),
+    ("fp8-paged", "sglang-fp8-kv-scales", 0.01, "g.sglang_fp8(path)"),
+    ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
+    ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
+    ("cross-attn-decode-plan", "sglang-cross-attn-decode-plan-lens", 0.01, "g.sglang_plan(patch, path)"),
+    ("sink-jit-name", "flashinfer-sink-jit-name", 0.005, "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
+    ("mla-prefill-lse", "vllm-mla-flashinfer-lse", 0.01, "g.vllm_lse(patch, path)"),
+    ("dcp-prefill-lse", "vllm-dcp-prefill-lse", 0.01, "g.vllm_lse(patch, path)"),
+    ("mla-trtllm-ragged-lse", "vllm-mla-trtllm-ragged-lse", 0.01, "[{'case': 'not run', 'not_run': %r}]" % TRTLLM),
 )
+THRESHOLDS = {patch: threshold for _, patch, threshold, _ in CHECKS}
 
 
 def _jit_dir(name):
@@ -114,10 +109,10 @@ def _run_checks(wanted, as_json, start):
     engine's wheel or tree, None for the installed engine) side by side in child processes, with
     progress lines."""
     procs = {}
-    for (name, patch_id, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
+    for (name, patch_id, _, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
         name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
-        code = ("import json; from flashfix.tools import gpu_checks as g; path = %r\n"
-                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, expr))
+        code = ("import json; from flashfix.tools import gpu_checks as g; path, patch = %r, %r\n"
+                "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, patch_id, expr))
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
                                                   env=dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))), out, err)
@@ -151,7 +146,8 @@ def _result(name, patch_id, proc, out, err):
     problems = []
     for r in [r for r in rows if not r.get("mismatch")]:
         e = r.get("err_flashfix", r.get("err"))
-        if error := r.get("error") or r.get("error_flashfix") or r.get("error_pre_fix"):
+        # a measured row's failure as released is the released code's outcome (said), not flashfix failing
+        if error := r.get("error") or r.get("error_flashfix") or r.get("control") and r.get("error_pre_fix"):
             problems.append("%s: %s" % (r.get("case"), error))
         elif r.get("control") and not r.get("bitwise_equal"):
             problems.append("%s: not bitwise equal" % r["case"])
@@ -175,6 +171,8 @@ def _summary(result):
         is not None else "-", result["threshold"])
     if result.get("max_err_pre_fix") is not None:
         text += ", without the fix %.4g" % result["max_err_pre_fix"]
+    text += "".join(", without the fix: " + e for e in dict.fromkeys(
+        r["error_pre_fix"] for r in result["rows"] if r.get("error_pre_fix") and not r.get("control")))
     return text + "".join("; " + p for p in dict.fromkeys(result["problems"] + result["mismatches"]))  # each once
 
 
