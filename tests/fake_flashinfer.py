@@ -20,6 +20,7 @@ class _Wrapper:
         self._window_left, self._logits_soft_cap, self._sm_scale, self._causal = -1, 0.0, None, True
 
     def plan(self, *args, **kwargs):
+        self._kv_data_type = kwargs.get("kv_data_type")
         self._sm_scale = kwargs.get("sm_scale")
         self._window_left = kwargs.get("window_left", -1)
         self._causal = kwargs.get("causal", True)
@@ -41,6 +42,11 @@ class _Wrapper:
 
     def run(self, q, *args, **kwargs):
         self._note("run", args, kwargs)
+        cache = args[0] if args else None
+        k = cache[0] if isinstance(cache, (tuple, list)) else cache
+        if getattr(self, "_kv_data_type", None) is not None and isinstance(k, torch.Tensor) and k.dtype != self._kv_data_type:
+            raise ValueError("The dtype of k %s does not match the kv_data_type %s specified in plan function."
+                             % (k.dtype, self._kv_data_type))  # as FlashInfer's run checks it
         if kwargs.get("out") is not None:
             kwargs["out"].fill_(1.0 if type(self).__name__.startswith("BatchAttention") else 0.0)
         # a causal (new tokens) and a non-causal (context) pass give different outputs and LSEs, so that
