@@ -289,7 +289,9 @@ FP8_KV_SHARING = Backport(
     doc="""Why: vLLM stores an FP8 KV cache as uint8 bytes and ``forward`` views it as FP8 before
     FlashInfer reads it, but skips the view on a layer that shares another layer's cache
     (``kv_sharing_target_layer_name`` set: Gemma-3n, Hunyuan, cross-layer-sharing models); FlashInfer
-    then receives a uint8 cache, which it takes for NVFP4: silently wrong attention on those layers.
+    then receives a uint8 cache. Its wrapper ``run`` rejects that (a dtype ``ValueError``: the
+    request fails; measured on the H200 with FlashInfer 0.6.17, and 0.6.8.post1's source does the
+    same); the TRT-LLM kernels (SM100) take uint8 for NVFP4, wrong attention (not measured here).
     How: the view is taken whatever the layer's sharing (a view of the shared tensor, no copy).
     Affected: 0.20.0 to 0.21.0 (0.22.0 views every uint8 FP8 cache).
 
