@@ -187,5 +187,5 @@ def test_requires_is_judged_against_a_wheels_own_pins():
                                     "Requires-Dist: flashinfer_python[cu13]==%s\n" % pin)):
             verdicts[pin] = _registry.judge(CLAMP, {CLAMP.targets[0]: ast.parse(text)}, "0.5.18")
     assert verdicts["0.6.18"][0] == "patch", verdicts
-    assert verdicts["0.6.17"][0] == "known-unfixed" and "flashinfer-python>=0.6.18 (flashinfer-python 0.6.17" in (
-        verdicts["0.6.17"][1]), verdicts
+    assert verdicts["0.6.17"][0] == "known-unfixed" and "flashinfer-python>=0.6.18 (the release pins flashinfer-python==0.6.17)" in (
+        verdicts["0.6.17"][1]), verdicts  # a pin is no install: the reason says which it is

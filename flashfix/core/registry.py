@@ -454,7 +454,8 @@ def judge(patch, trees, version, claims=None):
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
         if in_range(patch, version):  # then what the fix requires: read only where it would apply
-            unmet = ["%s%s (%s)" % (d, s, "%s %s is installed" % (d, v) if v else "not installed") for d, s in
+            unmet = ["%s%s (%s)" % (d, s, ("%s %s is installed" if getattr(_locate.reader(), "version_source", bool)(d) else
+                     "the release pins %s==%s") % (d, v) if v else "not installed") for d, s in
                      sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
             if unmet:  # the fix needs a newer dependency than the environment (or the wheel's own pin) has
                 return "known-unfixed", "pre-fix shape, not carried here: the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
@@ -631,16 +632,8 @@ def status():
                 state, reason = "disabled", "disabled by FLASHFIX_DISABLE"
             elif missing:  # as the doctor judges it: the code the bug lives in does not exist here
                 state, reason = "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
-        rows.append({
-            "id": patch.id,
-            "engine": patch.engine,
-            "state": state,
-            "reason": reason,
-            "engine_version": version,
-            "ran": record["ran"],
-            "upstream": patch.upstream,
-            "fixed_in": patch.fixed_in,
-        })
+        rows.append({"id": patch.id, "engine": patch.engine, "state": state, "reason": reason, "engine_version": version,
+                     "ran": record["ran"], "upstream": patch.upstream, "fixed_in": patch.fixed_in})
     _source.forget()
     return rows
 
