@@ -476,3 +476,38 @@ if $SELF.flashinfer_trtllm_api_decode_kernel == FlashInferDecodeKernel.XQA and n
     Delete when: flashfix no longer supports vLLM older than 0.29.0.""")
 
 PATCHES += (XQA_HEAD_DIM,)
+
+
+# --- vLLM PR #42650: the plan's query-head count from the group's own layers -------------------
+
+def get_num_attention_heads_from_layers(vllm_config, layer_names):
+    """Per-rank query heads of the named attention layers (vLLM 0.25.0 has a helper of this name,
+    which asserts they agree; this plans for the largest), or None where none is registered."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+    return max((getattr(layer, "impl", layer).num_heads for layer in layers.values()), default=None)
+
+
+LAYER_HEADS_PLAN = Backport(
+    id="vllm-layer-heads-plan", engine="vllm", versions=">=0.20", fixed_in="0.25.0",
+    upstream="https://github.com/vllm-project/vllm/pull/42650",
+    module=TARGET, function=BUILDER + ".__init__", needs={"get_num_attention_heads_from_layers": "flashfix.vllm_patch"},
+    before="$SELF.num_qo_heads = $SELF.model_config.get_num_attention_heads($PC)",
+    after="$SELF.num_qo_heads = get_num_attention_heads_from_layers(vllm_config, layer_names) or "
+          "$SELF.model_config.get_num_attention_heads($PC)",
+    buggy="{name} (line {line}) plans FlashInfer for the model-wide query-head count, not its layers'",
+    summary="FlashInfer plans each KV-cache group for its own layers' query-head count, not the model-wide one",
+    doc="""Why: the metadata builder plans FlashInfer (num_qo_heads) with the model-wide head count, but
+    the kernels take the heads from q. A group whose layers have more heads (Laguna's
+    num_attention_heads_per_layer, 0.21 on; a speculative draft with other heads than its target)
+    runs on a plan made for fewer: the rows past the planned work are silently wrong (vllm#41651).
+    How: the count is read from the group's registered attention layers, the model-wide one where
+    none is registered, as upstream (its helper, from flashfix where the release lacks it).
+    Affected: 0.20.0 to 0.21.0 and 0.23.0 to 0.24.0 (0.22.0 had the fix; #43241 dropped it in 0.23.0;
+    #47039 restored it in 0.25.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
+
+PATCHES += (LAYER_HEADS_PLAN,)
