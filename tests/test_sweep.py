@@ -85,9 +85,11 @@ XQA = "vllm-xqa-head-dim"  # vLLM #53111: XQA decode from 0.25.0, fixed in 0.29.
 WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 LAYER_HEADS = "vllm-layer-heads-plan"
+CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in SGLang 0.5.21
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
+        _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
     if _dist == "vllm":
         _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
                           "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
