@@ -511,3 +511,43 @@ LAYER_HEADS_PLAN = Backport(
     Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
 
 PATCHES += (LAYER_HEADS_PLAN,)
+
+
+# --- vLLM PR #46993: each MLA metadata builder gets its own prefill backend ---------------------
+
+def clone_mla_prefill_backend(backend):
+    """A fresh MLA prefill backend of the same class and configuration (vLLM 0.25.0's
+    ``MLAPrefillBackend.clone``): its prepared metadata and FlashInfer wrappers are its own."""
+    return type(backend)(num_heads=backend.num_heads, scale=backend.scale, kv_lora_rank=backend.kv_lora_rank,
+                         qk_nope_head_dim=backend.qk_nope_head_dim, qk_rope_head_dim=backend.qk_rope_head_dim,
+                         v_head_dim=backend.v_head_dim, vllm_config=backend.vllm_config)
+
+
+def _prefill_backend_objects(tree, func):
+    """0.20.x picks the MLA prefill path inside MLACommonImpl: no prefill backend object to share."""
+    return {} if find(pattern("$_.prefill_backend"), [func]) else Shape(
+        ABSENT, "MLACommonMetadataBuilder.__init__ takes no prefill backend object (MLA prefill is chosen per impl)")
+
+
+MLA_PREFILL_BACKEND_PER_BUILDER = Backport(
+    id="vllm-mla-prefill-backend-per-builder", engine="vllm", versions=">=0.21", fixed_in="0.25.0",
+    upstream="https://github.com/vllm-project/vllm/pull/46993",
+    module="vllm.model_executor.layers.attention.mla_attention", function="MLACommonMetadataBuilder.__init__",
+    context=_prefill_backend_objects, needs={"clone_mla_prefill_backend": "flashfix.vllm_patch"},
+    before="$SELF._prefill_backend = $L.prefill_backend", after="$SELF._prefill_backend = clone_mla_prefill_backend($L.prefill_backend)",
+    fixed_if="$_.prefill_backend.clone()", fixed="{name} clones the layer's prefill backend (vLLM PR #46993 is in)",
+    buggy="{name} (line {line}) shares the layer's MLA prefill backend, and its prepared metadata, between builders",
+    summary="MLA: each metadata builder (one per micro-batch with DBO) gets its own prefill backend, so one "
+            "micro-batch's prefill no longer runs on another's prepared metadata and FlashInfer plans",
+    doc="""Why: the MLA prefill backends (FlashInfer, TRT-LLM ragged, FlashAttention) keep the prepared
+    prefill metadata, and the FlashInfer prefill backend its planned wrappers, on the backend object;
+    MLACommonMetadataBuilder takes the layer's one instance. With dual-batch overlap (DBO) a builder
+    per micro-batch builds before any forward runs, so micro-batch 0's prefill runs with micro-batch
+    1's sequence lengths and plans: silently wrong output or an illegal memory access.
+    How: as upstream, each builder gets a fresh instance of the same class and configuration (0.25.0's
+    MLAPrefillBackend.clone, from flashfix where the release lacks it).
+    Affected: 0.21.0 (the first with prefill backend objects) to 0.24.0 (fixed upstream in 0.25.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
+
+PATCHES += (MLA_PREFILL_BACKEND_PER_BUILDER,)

@@ -85,6 +85,7 @@ XQA = "vllm-xqa-head-dim"  # vLLM #53111: XQA decode from 0.25.0, fixed in 0.29.
 WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 LAYER_HEADS = "vllm-layer-heads-plan"
+MLA_CLONE = "vllm-mla-prefill-backend-per-builder"  # vLLM #46993: prefill backend objects from 0.21.0, fixed in 0.25.0
 CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in SGLang 0.5.21
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
@@ -94,6 +95,8 @@ for (_dist, _version), _verdicts in EXPECTED.items():
         _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
                           "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
         _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
+        _verdicts[MLA_CLONE] = ("not-affected" if Version(_version) < Version("0.21") else
+                                "patch" if Version(_version) < Version("0.25") else "fixed-upstream")
         # vLLM #42650: in 0.22.0, dropped again in 0.23.0 (#43241), restored in 0.25.0 (#47039)
         _verdicts[LAYER_HEADS] = ("fixed-upstream" if Version("0.22") <= Version(_version) < Version("0.23")
                                   or Version(_version) >= Version("0.25") else "patch")
