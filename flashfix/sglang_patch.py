@@ -321,3 +321,34 @@ CROSS_ATTN_DECODE_PLAN = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.10.""")
 
 PATCHES += (CROSS_ATTN_DECODE_PLAN,)
+
+
+# --- SM100 CUTLASS ragged prefill kept to the head dims FlashInfer instantiates (fixed in 0.5.21) ---
+
+SM100_CUTLASS_HEAD_DIMS = Backport(
+    id="sglang-sm100-cutlass-head-dims", engine="sglang", versions=">=0.5.1", fixed_in="0.5.21",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.20...v0.5.21 (PR number not identified)",
+    module=_BACKEND, function="FlashInferAttnBackend.__init__",
+    before='fmha_backend = "cutlass"',
+    after='''
+if (model_runner.model_config.head_dim, getattr(model_runner.model_config, "v_head_dim", None)
+        or model_runner.model_config.head_dim) in ((64, 64), (128, 128), (192, 128)):
+    fmha_backend = "cutlass"
+else:
+    fmha_backend = "fa2"''',
+    fixed_if=("cutlass_supported_head_dims", "$_ in ((64, 64), (128, 128), (192, 128))"),
+    fixed="the SM100 ragged prefill uses CUTLASS only for the head dims FlashInfer instantiates",
+    buggy="{name} (line {line}) gives the SM100 ragged prefill CUTLASS whatever the model's head dims",
+    summary="SM100 (B200/GB200) ragged prefill: FlashInfer's CUTLASS FMHA only for head dims 64/64, 128/128 and "
+            "192/128, FA2 for the others (Gemma, Qwen3.5: head_dim 256) instead of failing at the first prefill",
+    doc="""Why: on SM100 the backend builds its ragged prefill wrapper with FlashInfer's CUTLASS FMHA
+    backend for every model, but that kernel is instantiated for (head_dim_qk, head_dim_vo) 64/64,
+    128/128 and 192/128 only (fmha_cutlass_sm100.cu: "Unsupported head dimensions"): a model with
+    head_dim 256 (Gemma 2/3, Qwen3.5, ...) fails at its first prefill with no prefix.
+    How: as upstream, CUTLASS is kept for those three shapes and FA2 is used for the others (a model
+    config without v_head_dim has v_head_dim = head_dim). The piecewise-CUDA-graph exception stays.
+    Affected: every final release from 0.5.1 to 0.5.20, on SM100.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
+
+PATCHES += (SM100_CUTLASS_HEAD_DIMS,)

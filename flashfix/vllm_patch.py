@@ -478,3 +478,78 @@ if $SELF.flashinfer_trtllm_api_decode_kernel == FlashInferDecodeKernel.XQA and n
     Delete when: flashfix no longer supports vLLM older than 0.29.0.""")
 
 PATCHES += (XQA_HEAD_DIM,)
+
+
+# --- vLLM PR #42650: the plan's query-head count from the group's own layers -------------------
+
+def get_num_attention_heads_from_layers(vllm_config, layer_names):
+    """Per-rank query heads of the named attention layers (vLLM 0.25.0 has a helper of this name,
+    which asserts they agree; this plans for the largest), or None where none is registered."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+    return max((getattr(layer, "impl", layer).num_heads for layer in layers.values()), default=None)
+
+
+LAYER_HEADS_PLAN = Backport(
+    id="vllm-layer-heads-plan", engine="vllm", versions=">=0.20", fixed_in="0.25.0",
+    upstream="https://github.com/vllm-project/vllm/pull/42650",
+    module=TARGET, function=BUILDER + ".__init__", needs={"get_num_attention_heads_from_layers": "flashfix.vllm_patch"},
+    before="$SELF.num_qo_heads = $SELF.model_config.get_num_attention_heads($PC)",
+    after="$SELF.num_qo_heads = get_num_attention_heads_from_layers(vllm_config, layer_names) or "
+          "$SELF.model_config.get_num_attention_heads($PC)",
+    buggy="{name} (line {line}) plans FlashInfer for the model-wide query-head count, not its layers'",
+    summary="FlashInfer plans each KV-cache group for its own layers' query-head count, not the model-wide one",
+    doc="""Why: the metadata builder plans FlashInfer (num_qo_heads) with the model-wide head count, but
+    the kernels take the heads from q. A group whose layers have more heads (Laguna's
+    num_attention_heads_per_layer, 0.21 on; a speculative draft with other heads than its target)
+    runs on a plan made for fewer: the rows past the planned work are silently wrong (vllm#41651).
+    How: the count is read from the group's registered attention layers, the model-wide one where
+    none is registered, as upstream (its helper, from flashfix where the release lacks it).
+    Affected: 0.20.0 to 0.21.0 and 0.23.0 to 0.24.0 (0.22.0 had the fix; #43241 dropped it in 0.23.0;
+    #47039 restored it in 0.25.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
+
+PATCHES += (LAYER_HEADS_PLAN,)
+
+
+# --- vLLM PR #46993: each MLA metadata builder gets its own prefill backend ---------------------
+
+def clone_mla_prefill_backend(backend):
+    """A fresh MLA prefill backend of the same class and configuration (vLLM 0.25.0's
+    ``MLAPrefillBackend.clone``): its prepared metadata and FlashInfer wrappers are its own."""
+    return type(backend)(num_heads=backend.num_heads, scale=backend.scale, kv_lora_rank=backend.kv_lora_rank,
+                         qk_nope_head_dim=backend.qk_nope_head_dim, qk_rope_head_dim=backend.qk_rope_head_dim,
+                         v_head_dim=backend.v_head_dim, vllm_config=backend.vllm_config)
+
+
+def _prefill_backend_objects(tree, func):
+    """0.20.x picks the MLA prefill path inside MLACommonImpl: no prefill backend object to share."""
+    return {} if find(pattern("$_.prefill_backend"), [func]) else Shape(
+        ABSENT, "MLACommonMetadataBuilder.__init__ takes no prefill backend object (MLA prefill is chosen per impl)")
+
+
+MLA_PREFILL_BACKEND_PER_BUILDER = Backport(
+    id="vllm-mla-prefill-backend-per-builder", engine="vllm", versions=">=0.21", fixed_in="0.25.0",
+    upstream="https://github.com/vllm-project/vllm/pull/46993",
+    module="vllm.model_executor.layers.attention.mla_attention", function="MLACommonMetadataBuilder.__init__",
+    context=_prefill_backend_objects, needs={"clone_mla_prefill_backend": "flashfix.vllm_patch"},
+    before="$SELF._prefill_backend = $L.prefill_backend", after="$SELF._prefill_backend = clone_mla_prefill_backend($L.prefill_backend)",
+    fixed_if="$_.prefill_backend.clone()", fixed="{name} clones the layer's prefill backend (vLLM PR #46993 is in)",
+    buggy="{name} (line {line}) shares the layer's MLA prefill backend, and its prepared metadata, between builders",
+    summary="MLA: each metadata builder (one per micro-batch with DBO) gets its own prefill backend, so one "
+            "micro-batch's prefill no longer runs on another's prepared metadata and FlashInfer plans",
+    doc="""Why: the MLA prefill backends (FlashInfer, TRT-LLM ragged, FlashAttention) keep the prepared
+    prefill metadata, and the FlashInfer prefill backend its planned wrappers, on the backend object;
+    MLACommonMetadataBuilder takes the layer's one instance. With dual-batch overlap (DBO) a builder
+    per micro-batch builds before any forward runs, so micro-batch 0's prefill runs with micro-batch
+    1's sequence lengths and plans: silently wrong output or an illegal memory access.
+    How: as upstream, each builder gets a fresh instance of the same class and configuration (0.25.0's
+    MLAPrefillBackend.clone, from flashfix where the release lacks it).
+    Affected: 0.21.0 (the first with prefill backend objects) to 0.24.0 (fixed upstream in 0.25.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
+
+PATCHES += (MLA_PREFILL_BACKEND_PER_BUILDER,)

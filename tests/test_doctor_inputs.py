@@ -76,7 +76,7 @@ def test_odd_metadata_reads_the_same_inside_and_through_python(tmp_path, case):
     rows = json.loads(inside.stdout)
     assert rows == json.loads(outside.stdout)
     sglang = [r for r in rows if r["engine"] == "sglang" and r["verdict"] != "known-unfixed"]
-    assert len(sglang) == 9
+    assert len(sglang) == 10
     from importlib.metadata import PathDistribution
 
     expected = PathDistribution(tmp_path / "shadow" / "sglang-0.5.17.dist-info").version
@@ -92,7 +92,7 @@ def test_invalid_version_gives_a_clean_verdict(tmp_path, version):
     proc = _run("doctor", "--json", python=_python(), env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
-    assert len(sglang) == 9 and all(r["engine_version"] == version for r in sglang), sglang
+    assert len(sglang) == 10 and all(r["engine_version"] == version for r in sglang), sglang
     fixed = {"sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices",
              "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens"}  # fixed in 0.5.17's code: no version needed
     absent = {"sglang-trtllm-fp8-moe-swiglu-limit"}  # 0.5.17's code has no such function: that needs no version either

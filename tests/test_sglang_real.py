@@ -47,7 +47,8 @@ AUTOTUNE_SITE = {
 CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # function from 0.5.18; carried with FlashInfer 0.6.18 (0.5.19's pin)
 for _release, _verdicts in EXPECTED.items():
     EXPECTED[_release] = dict(_verdicts, **{CLAMP: {"0.5.18": "known-unfixed", "0.5.23": "fixed-upstream"}.get(
-        _release, "not-affected")}, **{"sglang-cross-attn-decode-plan-lens": "fixed-upstream"})  # fixed in 0.5.10
+        _release, "not-affected")}, **{"sglang-cross-attn-decode-plan-lens": "fixed-upstream",  # fixed in 0.5.10
+                                       "sglang-sm100-cutlass-head-dims": "fixed-upstream" if _release == "0.5.23" else "patch"})
 RELEASES = list(EXPECTED)
 SCRIPT = Path(__file__).with_name("sglang_real_check.py")
 

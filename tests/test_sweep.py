@@ -63,6 +63,7 @@ EXPECTED = {
     ("vllm", "0.20.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill in mla_attention.py
     ("vllm", "0.21.0"): _vllm("not-affected", "patch", "patch", "patch", "patch"),  # MLA prefill backends from here
     ("vllm", "0.22.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
+    ("vllm", "0.23.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),  # lost #42650 again
     # supports_sink ends in supports_trtllm_attention()
     ("vllm", "0.24.0"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "patch"),
     ("vllm", "0.27.1"): _vllm("not-affected", "patch", "patch", "fixed-upstream", "fixed-upstream"),
@@ -83,13 +84,22 @@ for (_dist, _version), _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0
 XQA = "vllm-xqa-head-dim"  # vLLM #53111: XQA decode from 0.25.0, fixed in 0.29.0
 WORKSPACE = "vllm-prefill-workspace-size"  # fixed in vLLM 0.26.0
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
+LAYER_HEADS = "vllm-layer-heads-plan"
+MLA_CLONE = "vllm-mla-prefill-backend-per-builder"  # vLLM #46993: prefill backend objects from 0.21.0, fixed in 0.25.0
+CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in SGLang 0.5.21
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
+        _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
     if _dist == "vllm":
         _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
                           "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
         _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
+        _verdicts[MLA_CLONE] = ("not-affected" if Version(_version) < Version("0.21") else
+                                "patch" if Version(_version) < Version("0.25") else "fixed-upstream")
+        # vLLM #42650: in 0.22.0, dropped again in 0.23.0 (#43241), restored in 0.25.0 (#47039)
+        _verdicts[LAYER_HEADS] = ("fixed-upstream" if Version("0.22") <= Version(_version) < Version("0.23")
+                                  or Version(_version) >= Version("0.25") else "patch")
 ONLY = ",".join("%s==%s" % key for key in EXPECTED)
 
 
