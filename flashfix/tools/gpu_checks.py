@@ -26,6 +26,7 @@ SINK_CASES = (("no prefix", [(1, 1), (57, 57), (300, 300)], -1), ("sliding windo
 FP8_REQUESTS = ((100, 37), (500, 128), (1000, 1), (64, 300))
 K_SCALE, V_SCALE = 0.05, 0.07
 SHARING_CASES = (("requests with a cached prefix", [(n, p + n) for p, n in FP8_REQUESTS], -1),)
+HEADS_CASES = (("requests with a cached prefix", [(n, p + n) for p, n in FP8_REQUESTS if n > 1], -1),)  # no decode
 
 
 # --- common -----------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class PagedBatch:
     """A batch of requests over a paged cache (NHD, ``(k_cache, v_cache)``), pages shuffled."""
 
     def __init__(self, seqs, *, kv_dtype=None, page_size=PAGE_SIZE, head_dim=HEAD_DIM, seed=0,
-                 k_scale=1.0, v_scale=1.0, device="cuda"):
+                 k_scale=1.0, v_scale=1.0, device="cuda", qo_heads=NUM_QO_HEADS):
         import torch
 
         kv_dtype = kv_dtype or torch.bfloat16
@@ -106,9 +107,9 @@ class PagedBatch:
         # what the cache holds, and the values a correct read of it yields
         self.k_cache, self.v_cache = (true_k / k_scale).to(kv_dtype), (true_v / v_scale).to(kv_dtype)
         self.k_read, self.v_read = self.k_cache.double() * k_scale, self.v_cache.double() * v_scale
-        self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
+        self.q = torch.randn(sum(n for n, _ in self.seqs), qo_heads, head_dim, generator=gen,
                              device=device).to(torch.bfloat16)
-        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
+        self.sinks = (torch.randn(qo_heads, generator=gen, device=device) * 2 + 3).float()
         self.qo_indptr = torch.tensor([0, *itertools.accumulate(n for n, _ in self.seqs)], dtype=torch.int32)
         self.kv_indptr = torch.tensor([0, *itertools.accumulate(pages_per)], dtype=torch.int32)
         last = [kv - (pages - 1) * page_size for (_, kv), pages in zip(self.seqs, pages_per)]
@@ -421,8 +422,8 @@ def _provide(module, always=(), stand_in_only=()):
     """Set module globals while a check runs (returns what to restore): ``always`` where the module has
     them, ``stand_in_only`` where they are stand-ins (engine helpers, as docs/gpu.md lists them)."""
     values = {k: v for k, v in dict(always).items() if k in module.__dict__}
-    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
-    saved = {k: module.__dict__[k] for k in values}
+    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(getattr(module, k, None), _StandIn)})
+    saved = {k: getattr(module, k) for k in values}
     module.__dict__.update(values)
     return saved
 
@@ -438,82 +439,129 @@ def _forcing_fa2(classes):
 def vllm_forward(patch_id, path=None, cases=(), seed=0, fi=None):
     """vLLM's own ``FlashInferImpl.forward`` (patched, and as released) on a paged prefill, against float64; then
     ``revert()``. Sinks, with the builder's prefill-wrapper factory (controls: no sinks, a GPU without sink support).
-    FP8 KV sharing: a layer reading another's FP8 cache, uint8 as vLLM stores it (controls: a layer owning it, bf16)."""
+    FP8 KV sharing: a layer reading another's FP8 cache, uint8 as vLLM stores it (controls: a layer owning it, bf16).
+    Layer heads: the builder's own ``__init__`` and ``build`` plan a KV-cache group of 32-head layers of a 16-head
+    model (control: 16-head layers)."""
+    import collections
     import torch
 
-    sink = patch_id == "vllm-sink-prefill"
+    NS, LAYERS = types.SimpleNamespace, ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+    sink, heads = (patch_id == "vllm-%s" % n for n in ("sink-prefill", "layer-heads-plan"))
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [
-        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"][0 if sink else 1:], fi)
+        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward", "FlashInferMetadataBuilder.__init__"][
+        2 if heads else 0 if sink else 1:2 + heads], fi)
     if not pairs:
         return rows
-    (factory, factory_0), (forward, forward_0) = pairs[0], pairs[-1]
-    saved = _provide(module, {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}, {
+    (factory, factory_0), (forward, forward_0) = pairs[0], (module.FlashInferImpl.forward,) * 2 if heads else pairs[-1]
+    saved = _provide(module, {"current_platform": NS(), "get_kv_cache_layout": lambda: "NHD"} | ({  # Triton's kernel, in torch
+        "_copy_page_indices_kernel": collections.defaultdict(lambda: lambda out, table, stride, indptr, **_: [out[a:b].copy_(
+            table[i, :b - a]) for i, (a, b) in enumerate(zip(indptr.tolist(), indptr[1:].tolist()))])} if isinstance(
+        module.__dict__.get("triton"), _StandIn) else {}), {
         "is_quantized_kv_cache": lambda dtype: dtype != "auto", "FP8_DTYPE": torch.float8_e4m3fn,
         "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
-        "get_flashinfer_layout_string": lambda layout: "NHD"})
+        "get_flashinfer_layout_string": lambda layout: "NHD", "cdiv": lambda a, b: -(-a // b), "PIN_MEMORY": False,
+        "envs": NS(VLLM_BATCH_INVARIANT=False, VLLM_USE_V2_MODEL_RUNNER=False), "CUDAGraphMode": NS(FULL="FULL"),
+        "KVQuantMode": NS(NONE="NONE"), "get_dcp_group": lambda: NS(world_size=1, rank_in_group=0), "is_pin_memory_available": bool,
+        "split_decodes_and_prefills": lambda m, **_: (0, m.num_reqs, 0, m.num_actual_tokens),  # every request >1 token
+        "can_use_trtllm_attention": lambda *a: False, "use_trtllm_attention": lambda *a, **k: False,  # SM90
+        "get_per_layer_parameters": lambda *a: {}, "infer_global_hyperparameters": lambda p: NS(
+            sm_scale=HEAD_DIM ** -0.5, window_left=-1, logits_soft_cap=None, has_sinks=False, has_same_window_lefts=True,
+            has_same_all_params=True), "CpuGpuBuffer": lambda *size, dtype, device, **_: NS(
+            cpu=(c := torch.zeros(size, dtype=dtype)), np=c.numpy(), gpu=torch.zeros(size, dtype=dtype, device=device))})
+    vllm_config = sys.modules["vllm.config"]  # flashfix's helper reads the group's layers by vLLM's function, held here
+    saved_config = _provide(vllm_config, stand_in_only={"get_layers_from_vllm_config": lambda config, cls, names: {
+        n: config.compilation_config.static_forward_context[n] for n in names}})
     forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, fi.BatchAttentionWithAttentionSinkWrapper]) if device == "cuda" else []
     calls = Calls(forward.__code__.co_filename)
     if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
         layout, order = None, module.FlashInferBackend.get_kv_cache_stride_order()
     else:  # from 0.29 the builder and impl read their cache config's resolved layout
-        layout = (types.SimpleNamespace(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
+        layout = (NS(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
             module.KVCacheLayout, _StandIn) else module.KVCacheLayout.LBNHC)
         order = layout.layer_view_order
-    common = dict(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout), window_left=None,
+    common = dict(cache_config=NS(get_resolved_kv_cache_layout=lambda: layout, cache_dtype="auto"), window_left=None,
                   is_kvcache_nvfp4=False, nvfp4_fa2=False, nvfp4_trtllm=False)
     bf16, sm_scale = torch.bfloat16, HEAD_DIM ** -0.5
     try:
-        for name, seqs, window_left in [c for c in (SINK_CASES if sink else SHARING_CASES) if not cases or c[0] in cases]:
+        for name, seqs, window_left in [c for c in (SINK_CASES if sink else HEADS_CASES if heads else SHARING_CASES)
+                                        if not cases or c[0] in cases]:
             batches = {"auto": PagedBatch(seqs, seed=seed, device=device), "fp8": PagedBatch(
-                seqs, kv_dtype=torch.float8_e4m3fn, k_scale=K_SCALE, v_scale=V_SCALE, seed=seed, device=device)}
+                seqs, kv_dtype=torch.float8_e4m3fn, k_scale=K_SCALE, v_scale=V_SCALE, seed=seed, device=device),
+                       "wide": PagedBatch(seqs, seed=seed, device=device, qo_heads=2 * NUM_QO_HEADS)}
             common["window_left"] = window_left
 
-            def run(patched, has_sinks=True, sm12x=True, shared=not sink, kv="auto" if sink else "fp8"):
+            def run(patched, has_sinks=True, sm12x=True, shared=not sink and not heads, kv=("fp8", "auto", "wide")[sink + 2 * heads]):
                 (make, fwd), batch = (factory, forward) if patched else (factory_0, forward_0), batches[kv]
                 cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
                 module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
                 module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
-                builder = object.__new__(module.FlashInferMetadataBuilder)
-                builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
-                                        kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
-                                        _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
-                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls) if sink else (
-                    fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"), [], None)
-                if error:
-                    return None, [], error
-                calls.watch("prefill", wrapper, names=("run",))
-                batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
-                impl.__dict__.update(common, num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
-                                     scale=sm_scale, sinks=batch.sinks if sink else None, kv_cache_dtype=kv, bmm2_scale=None,
-                                     logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, o_sf_scale=None, _nvfp4_fp8_out=None,
-                                     kv_sharing_target_layer_name="model.layers.0.self_attn.attn" if shared else None)
-                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=batch.scales[0], _o_scale_float=None,
-                                              _v_scale_float=batch.scales[1], _q_scale=torch.tensor(1.0))
-                n = len(batch.q)
-                metadata = types.SimpleNamespace(
-                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
-                    num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
-                    q_data_type=bf16, q_data_type_prefill=bf16, q_data_type_decode=bf16, decode=None,
-                    prefill=module.FIPrefill(wrapper=wrapper))
+                impl.__dict__.update(common, num_heads=batch.q.shape[1], num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
+                                     scale=sm_scale, sinks=batch.sinks if sink else None, kv_cache_dtype=kv.replace("wide", "auto"),
+                                     bmm2_scale=None, logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, o_sf_scale=None,
+                                     _nvfp4_fp8_out=None, kv_sharing_target_layer_name=LAYERS[0] if shared else None)
+                n, lens = len(batch.q), torch.tensor([s for _, s in seqs], dtype=torch.int32)
+                # the metadata forward reads, and (layer heads) the common metadata build reads
+                metadata = NS(kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
+                              num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
+                              q_data_type=bf16, q_data_type_prefill=bf16, q_data_type_decode=bf16, decode=None, num_reqs=len(seqs),
+                              max_seq_len=max(lens), seq_lens_cpu=lens, seq_lens=lens.to(device), query_start_loc_cpu=batch.qo_indptr,
+                              query_start_loc=batch.qo_indptr.to(device), slot_mapping=None, block_table_tensor=torch.nn.utils.rnn.
+                              pad_sequence(batch.kv_indices.split(batch.kv_indptr.diff().tolist()), batch_first=True))
+                wrapper, took = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"), []
+                if heads:  # a 16-head model's KV-cache group of ``impl``'s layers: the engine builds and plans it
+                    config = NS(model_config=NS(max_model_len=4096, dtype=bf16, get_num_attention_heads=lambda p: NUM_QO_HEADS),
+                                cache_config=common["cache_config"], compilation_config=NS(cudagraph_mode=NS(decode_mode=lambda: None),
+                                                                                           static_forward_context=dict.fromkeys(LAYERS, NS(impl=impl))),
+                                attention_config=NS(disable_flashinfer_q_quantization=False, use_trtllm_attention=None),
+                                scheduler_config=NS(max_num_seqs=8), speculative_config=None, use_v2_model_runner=False,
+                                parallel_config=NS(dcp_kv_cache_interleave_size=1, dcp_comm_backend="ag_rs"))
+                    spec = NS(block_size=batch.page_size, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, dtype=bf16,
+                              kv_quant_mode=module.KVQuantMode.NONE)
+                    # vLLM's AttentionMetadataBuilder where a stand-in (after it in the MRO): what it sets (no spec decode)
+                    builder = object.__new__(types.new_class("Builder", (module.FlashInferMetadataBuilder, type("Base", (), {
+                        "__init__": lambda self, spec, names, config, device: self.__dict__.update(
+                            kv_cache_spec=spec, layer_names=names, vllm_config=config, device=device),
+                        "_init_reorder_batch_threshold": lambda self, t, **_: setattr(self, "reorder_batch_threshold", t)}))))
+                    _, took, error = drive(make, (builder, spec, list(LAYERS), config, torch.device(device)), {}, calls)
+                    builder.__dict__.update(_workspace_buffer=_workspace(device), _prefill_wrapper=calls.watch(
+                        "prefill", wrapper, names=("plan", "run")))
+                    metadata, more, error = (None, [], error) if error else drive(builder.build, (0, metadata), {}, calls)
+                    took += more
+                else:
+                    builder = object.__new__(module.FlashInferMetadataBuilder)
+                    builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
+                                            kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
+                                            _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
+                    wrapper, _, error = drive(make, (builder,), {"causal": True}, calls) if sink else (wrapper, [], None)
+                    if not error:
+                        calls.watch("prefill", wrapper, names=("run",))
+                        batch.plan(wrapper, sm_scale, window_left)
+                        metadata.prefill = module.FIPrefill(wrapper=wrapper)
+                if error:
+                    return None, took, error
+                layer = NS(_q_scale_float=1.0, _k_scale_float=batch.scales[0], _o_scale_float=None,
+                           _v_scale_float=batch.scales[1], _q_scale=torch.tensor(1.0))
                 # the cache as vLLM allocates it for NHD ([blocks, 2, tokens, heads, D] to 0.27, then K|V in the last
                 # dim; FP8 as uint8), handed to forward as the view that forward's stride order turns back into it
                 memory = (torch.cat, torch.stack)[len(order) == 5]([batch.k_cache, batch.v_cache], 1 if len(order) == 5 else -1)
                 kv_cache = memory.view(torch.uint8 if kv == "fp8" else bf16).permute(*sorted(range(len(order)), key=order.__getitem__))
                 output = torch.empty_like(batch.q)
-                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
-                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error
+                _, more, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took + more, error
 
-            ref = None if device == "cpu" else batches["auto" if sink else "fp8"].reference(sm_scale, window_left, sink)
+            ref = None if device == "cpu" else batches[("fp8", "auto", "wide")[sink + 2 * heads]].reference(sm_scale, window_left, sink)
             base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
             controls = (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))) if sink \
+                else (("a model whose layers all have its 16 heads", dict(kv="auto")),) if heads \
                 else (("a layer that owns its cache", dict(shared=False)), ("a bf16 cache", dict(kv="auto")))
-            released = _pair(rows, dict(base, case=("sink prefill, " if sink else "prefill, FP8 e4m3 cache of a "
-                                                    "KV-sharing layer, ") + name), run, False, True, lambda o: rel_l2(o, ref),
-                             [("%s, %s" % (label, name), kw) for label, kw in controls])
+            released = _pair(rows, dict(base, case=("sink prefill, " if sink else "group of 32-head layers of a 16-head model, "
+                                                    if heads else "prefill, FP8 e4m3 cache of a KV-sharing layer, ") + name),
+                             run, False, True, lambda o: rel_l2(o, ref), [("%s, %s" % (label, name), kw) for label, kw in controls])
         return _revert(patch_id, rows, head, lambda: _same(run(True), released))
     finally:
         module.__dict__.update(saved)
+        vllm_config.__dict__.update(saved_config)
         for cls, init in forced:
             cls.__init__ = init
 
