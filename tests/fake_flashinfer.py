@@ -20,6 +20,10 @@ class _Wrapper:
         self._window_left, self._logits_soft_cap, self._sm_scale, self._causal = -1, 0.0, None, True
 
     def plan(self, *args, **kwargs):
+        self._note("plan", args, kwargs)
+        self._planned(kwargs)
+
+    def _planned(self, kwargs):
         self._kv_data_type = kwargs.get("kv_data_type")
         self._sm_scale = kwargs.get("sm_scale")
         self._window_left = kwargs.get("window_left", -1)
@@ -27,7 +31,7 @@ class _Wrapper:
 
     def begin_forward(self, *args, **kwargs):
         self._note("begin_forward", args, kwargs)
-        self.plan(*args, **kwargs)
+        self._planned(kwargs)
 
     def _note(self, name, args, kwargs):
         LOG.append([type(self).__name__, name, _desc(args), {k: _desc(v) for k, v in sorted(kwargs.items())}])

@@ -387,3 +387,31 @@ def test_vllm_fp8_kv_sharing_every_release_in_range_in_one_process():
         if problems:
             bad[version] = problems
     assert not bad, bad
+
+
+def test_vllm_layer_heads_plan_every_release_in_range_in_one_process():
+    """vllm-layer-heads-plan on every final release from 0.20.0 to 0.24.0: the builder's own __init__ (the
+    patched function) and build plan a KV-cache group of 32-head layers in a 16-head model, and
+    FlashInferImpl.forward runs the prefill on that plan; as released the plan is for the model-wide 16 query
+    heads, patched for the group's 32; 0.22.x had the fix (fixed-upstream: not driven); the control (layers
+    with the model's 16 heads) plans 16 either way, and revert() plans 16 again."""
+    trees, out = sweep("vllm", "vllm-layer-heads-plan", "vllm_forward", "0.20.0", "vllm==0.28.0")
+    assert [v for v, _ in trees] == ["0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0"], trees
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        if version.startswith("0.22."):
+            if [r["case"] for r in rows] != ["not applied"] or "fixed-upstream" not in rows[0]["error"]:
+                bad[version] = rows
+            continue
+        problems = row_problems(rows)
+        main = [r for r in rows if r["case"].startswith("group of 32-head layers")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]] != [
+                "built BatchPrefillWithPagedKVCacheWrapper", "prefill.plan", "prefill.run"]:
+            problems.append("the builder's plan and the prefill did not run: %s" % main)
+        planned = [e[3].get("num_qo_heads") for e in log if e[1] == "plan"]
+        if planned != [16, 32, 16, 16, 16]:  # the main case released, patched; the control both; after revert()
+            problems.append("planned query heads: %s" % planned)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad

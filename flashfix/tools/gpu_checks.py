@@ -26,11 +26,10 @@ SINK_CASES = (("no prefix", [(1, 1), (57, 57), (300, 300)], -1), ("sliding windo
 FP8_REQUESTS = ((100, 37), (500, 128), (1000, 1), (64, 300))
 K_SCALE, V_SCALE = 0.05, 0.07
 SHARING_CASES = (("requests with a cached prefix", [(n, p + n) for p, n in FP8_REQUESTS], -1),)
+HEADS_CASES = (("requests with a cached prefix", [(n, p + n) for p, n in FP8_REQUESTS if n > 1], -1),)  # no decode
 
 
 # --- common -----------------------------------------------------------------------------------
-
-
 def rel_l2(out, ref):
     """Relative L2 error in float64, ``out`` read in ``ref``'s shape; NaN/inf in ``out`` give
     ``inf``; None without an output (the run failed) or a reference (a CPU test)."""
@@ -46,7 +45,6 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
     """float64 causal attention of one request, q [n, Hq, D], k/v [m, Hkv, D], query i at position m - n + i;
     ``sinks`` (natural-log logits per query head) join the softmax denominator only, as in FlashInfer."""
     import torch
-
     (n, hq, _), (m, hkv, _) = q.shape, k.shape
     k, v = (x.double().repeat_interleave(hq // hkv, dim=1) for x in (k, v))
     scores = torch.einsum("nhd,mhd->hnm", q.double(), k) * sm_scale
@@ -68,7 +66,6 @@ def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
     """float64 causal attention, [tokens, -1], of each request's new tokens (rows ``qo[i]:qo[i + 1]``) over its
     cached prefix (``prefix_kv(i)``: float64 k, v) and themselves; None on the CPU (tests' FlashInfer)."""
     import torch
-
     if q.device.type == "cpu":
         return None
     ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
@@ -84,7 +81,6 @@ def _args(func, **values):
 
 def _workspace(device="cuda"):
     import torch
-
     return torch.empty(384 << 20 if device == "cuda" else 8, dtype=torch.uint8, device=device)  # as SGLang allocates
 
 
@@ -92,9 +88,8 @@ class PagedBatch:
     """A batch of requests over a paged cache (NHD, ``(k_cache, v_cache)``), pages shuffled."""
 
     def __init__(self, seqs, *, kv_dtype=None, page_size=PAGE_SIZE, head_dim=HEAD_DIM, seed=0,
-                 k_scale=1.0, v_scale=1.0, device="cuda"):
+                 k_scale=1.0, v_scale=1.0, device="cuda", qo_heads=NUM_QO_HEADS):
         import torch
-
         kv_dtype = kv_dtype or torch.bfloat16
         gen = torch.Generator(device=device).manual_seed(seed)
         self.seqs, self.page_size, self.head_dim, self.scales = list(seqs), page_size, head_dim, (k_scale, v_scale)
@@ -106,9 +101,8 @@ class PagedBatch:
         # what the cache holds, and the values a correct read of it yields
         self.k_cache, self.v_cache = (true_k / k_scale).to(kv_dtype), (true_v / v_scale).to(kv_dtype)
         self.k_read, self.v_read = self.k_cache.double() * k_scale, self.v_cache.double() * v_scale
-        self.q = torch.randn(sum(n for n, _ in self.seqs), NUM_QO_HEADS, head_dim, generator=gen,
-                             device=device).to(torch.bfloat16)
-        self.sinks = (torch.randn(NUM_QO_HEADS, generator=gen, device=device) * 2 + 3).float()
+        self.q = torch.randn(sum(n for n, _ in self.seqs), qo_heads, head_dim, generator=gen, device=device).to(torch.bfloat16)
+        self.sinks = (torch.randn(qo_heads, generator=gen, device=device) * 2 + 3).float()
         self.qo_indptr = torch.tensor([0, *itertools.accumulate(n for n, _ in self.seqs)], dtype=torch.int32)
         self.kv_indptr = torch.tensor([0, *itertools.accumulate(pages_per)], dtype=torch.int32)
         last = [kv - (pages - 1) * page_size for (_, kv), pages in zip(self.seqs, pages_per)]
@@ -122,23 +116,19 @@ class PagedBatch:
 
     def reference(self, sm_scale, window_left=-1, sinks=True):
         import torch
-
-        return torch.cat([reference(self.q[int(self.qo_indptr[i]):int(self.qo_indptr[i + 1])], self.request_kv(i, "k"),
-                                    self.request_kv(i, "v"), sm_scale, window_left=window_left, sinks=self.sinks if sinks else None)
-                          for i in range(len(self.seqs))])
+        qo = self.qo_indptr.tolist()
+        return torch.cat([reference(self.q[qo[i]:qo[i + 1]], self.request_kv(i, "k"), self.request_kv(i, "v"), sm_scale,
+                                    window_left=window_left, sinks=self.sinks if sinks else None) for i in range(len(self.seqs))])
 
     def plan(self, wrapper, sm_scale, window_left):
         """``plan()`` as vLLM's FlashInfer metadata builder calls it for a prefill (bf16 queries and output)."""
-        wrapper.plan(qo_indptr=self.qo_indptr, paged_kv_indptr=self.kv_indptr, paged_kv_indices=self.kv_indices,
-                     paged_kv_last_page_len=self.last_page_len, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
-                     head_dim_qk=self.head_dim, page_size=self.page_size, causal=True, sm_scale=sm_scale,
-                     window_left=window_left, logits_soft_cap=None, q_data_type=self.q.dtype,
-                     kv_data_type=self.kv_dtype, o_data_type=self.q.dtype)
+        wrapper.plan(qo_indptr=self.qo_indptr, paged_kv_indptr=self.kv_indptr, paged_kv_indices=self.kv_indices, causal=True,
+                     paged_kv_last_page_len=self.last_page_len, num_qo_heads=self.q.shape[1], num_kv_heads=NUM_KV_HEADS,
+                     head_dim_qk=self.head_dim, page_size=self.page_size, sm_scale=sm_scale, window_left=window_left,
+                     logits_soft_cap=None, q_data_type=self.q.dtype, kv_data_type=self.kv_dtype, o_data_type=self.q.dtype)
 
 
 # --- the engine's own code: installed, or loaded from a wheel or tree with stand-in imports ----
-
-
 class _StandIn(type):
     """The type of every stand-in: a class (an engine class may derive from it) whose attributes, calls,
     subscripts and ``|`` are stand-ins (one per name); each use while ``_reads`` records is noted."""
@@ -222,7 +212,6 @@ def engine_module(patch_id, path=None):
     or loaded from ``path`` (a wheel or tree, with stand-in engine imports); the engine's other patches disabled."""
     from flashfix.core import locate as _locate
     from flashfix.core import registry as _registry
-
     patch = next(p for p in _registry.load_all() if p.id == patch_id)
     others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
@@ -238,16 +227,6 @@ def engine_module(patch_id, path=None):
             sys.meta_path.insert(at, EngineModuleFinder(tree, target))
         module = importlib.import_module(target)
     return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
-
-
-def live_and_original(record, name):
-    """The engine's function whose qualified name holds ``name``, as patched (the live object) and
-    the original code flashfix keeps for ``revert``, as a function of its own."""
-    change = next(c for c in record["changes"] if getattr(c, "func", None) is not None and name in c.func.__qualname__)
-    f = change.func
-    original = types.FunctionType(change.old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    original.__qualname__, original.__kwdefaults__ = f.__qualname__, f.__kwdefaults__
-    return f, original
 
 
 class Calls:
@@ -317,7 +296,11 @@ def _engine(patch_id, path, functions, fi):
             "state": record["state"], "reason": record["reason"]}
     if record["state"] != "applied":
         return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, [], fi, ""
-    pairs = [live_and_original(record, f) for f in functions]
+    pairs = []
+    for name in functions:  # the function whose qualified name holds ``name``: live, and the code kept for ``revert``
+        f, old = next((c.func, c.old) for c in record["changes"] if name in getattr(getattr(c, "func", None), "__qualname__", ""))
+        pairs.append((f, types.FunctionType(old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)))
+        pairs[-1][1].__qualname__, pairs[-1][1].__kwdefaults__ = f.__qualname__, f.__kwdefaults__
     head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
                            for _, o in pairs])
     return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, "cuda" if fi is None else "cpu"
@@ -325,15 +308,12 @@ def _engine(patch_id, path, functions, fi):
 
 def _revert(patch_id, rows, head, same):
     from flashfix.core import registry as _registry
-
     _registry.revert(patch_id)
     rows.append(dict(head, case="revert() restores the original output", control=True, bitwise_equal=same()))
     return rows
 
 
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
-
-
 def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
             tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None):
     """SGLang's ``forward_extend`` (``forward_decode``) driven with ``self``, ``layer`` and ``forward_batch`` holding
@@ -365,7 +345,6 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
     from 1: the ragged + paged branch against float64, and the controls that must not change (no
     prefix, paged-only, scales 1.0); then ``revert()``."""
     import torch
-
     module, rows, head, pairs, fi, device = _engine("sglang-fp8-kv-scales", path, ["FlashInferAttnBackend.forward_extend"], fi)
     if not pairs:
         return rows
@@ -397,9 +376,8 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
                 i, "v")), head_dim ** -0.5))
 
         base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], scales=list(scales))
-        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err, [
-            ("no prefix", dict(no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)),
-            ("scales 1.0", dict(scales=(1.0, 1.0)))])
+        released = _pair(rows, dict(base, case="ragged+paged, FP8 e4m3"), run, original, live, err, [("no prefix", dict(
+            no_prefix=True)), ("paged-only", dict(kv_lens=whole, use_ragged=False)), ("scales 1.0", dict(scales=(1.0, 1.0)))])
         main = rows[-4]
         if main["error_flashfix"] and not main["error_pre_fix"]:
             # does the engine's own paged-only call, which flashfix leaves alone, fail the same way?
@@ -415,112 +393,145 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
 
 
 # --- vLLM's FlashInferImpl.forward: sinks (with the builder's prefill-wrapper factory), FP8 KV sharing ---
-
-
 def _provide(module, always=(), stand_in_only=()):
     """Set module globals while a check runs (returns what to restore): ``always`` where the module has
     them, ``stand_in_only`` where they are stand-ins (engine helpers, as docs/gpu.md lists them)."""
     values = {k: v for k, v in dict(always).items() if k in module.__dict__}
-    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(module.__dict__.get(k), _StandIn)})
-    saved = {k: module.__dict__[k] for k in values}
+    values.update({k: v for k, v in dict(stand_in_only).items() if isinstance(getattr(module, k, None), _StandIn)})
+    saved = {k: getattr(module, k) for k in values}
     module.__dict__.update(values)
-    return saved
-
-
-def _forcing_fa2(classes):
-    """Construct FlashInfer's wrappers with ``backend="fa2"`` (what SM12x runs) while the check runs."""
-    saved = [(c, c.__dict__["__init__"]) for c in classes if "__init__" in c.__dict__]
-    for cls, init in saved:
-        cls.__init__ = lambda self, *args, _init=init, **kwargs: _init(self, *args, **dict(kwargs, backend="fa2"))
     return saved
 
 
 def vllm_forward(patch_id, path=None, cases=(), seed=0, fi=None):
     """vLLM's own ``FlashInferImpl.forward`` (patched, and as released) on a paged prefill, against float64; then
     ``revert()``. Sinks, with the builder's prefill-wrapper factory (controls: no sinks, a GPU without sink support).
-    FP8 KV sharing: a layer reading another's FP8 cache, uint8 as vLLM stores it (controls: a layer owning it, bf16)."""
+    FP8 KV sharing: a layer reading another's FP8 cache, uint8 as vLLM stores it (controls: a layer owning it, bf16).
+    Layer heads: the builder's own ``__init__`` and ``build`` plan a group of 32-head layers of a 16-head model (control: 16)."""
+    import collections
     import torch
-
-    sink = patch_id == "vllm-sink-prefill"
-    module, rows, head, pairs, fi, device = _engine(patch_id, path, [
-        "FlashInferMetadataBuilder._get_prefill_wrapper", "FlashInferImpl.forward"][0 if sink else 1:], fi)
+    NS, LAYERS = types.SimpleNamespace, ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+    sink, heads = (patch_id == "vllm-%s" % n for n in ("sink-prefill", "layer-heads-plan"))
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["FlashInferMetadataBuilder._get_prefill_wrapper",
+        "FlashInferImpl.forward", "FlashInferMetadataBuilder.__init__"][2 if heads else 0 if sink else 1:2 + heads], fi)
     if not pairs:
         return rows
-    (factory, factory_0), (forward, forward_0) = pairs[0], pairs[-1]
-    saved = _provide(module, {"current_platform": types.SimpleNamespace(), "get_kv_cache_layout": lambda: "NHD"}, {
+    (factory, factory_0), (forward, forward_0) = pairs[0], (module.FlashInferImpl.forward,) * 2 if heads else pairs[-1]
+    saved = _provide(module, {"current_platform": NS(), "get_kv_cache_layout": lambda: "NHD"} | ({  # Triton's kernel, in torch
+        "_copy_page_indices_kernel": collections.defaultdict(lambda: lambda out, table, stride, indptr, **_: [out[a:b].copy_(
+            table[i, :b - a]) for i, (a, b) in enumerate(zip(indptr.tolist(), indptr[1:].tolist()))])} if isinstance(
+        module.__dict__.get("triton"), _StandIn) else {}), {
         "is_quantized_kv_cache": lambda dtype: dtype != "auto", "FP8_DTYPE": torch.float8_e4m3fn,
         "canonicalize_singleton_dim_strides": lambda t: t,  # the check's tensors have no size-1 dim
-        "get_flashinfer_layout_string": lambda layout: "NHD"})
-    forced = _forcing_fa2([fi.BatchPrefillWithPagedKVCacheWrapper, fi.BatchAttentionWithAttentionSinkWrapper]) if device == "cuda" else []
+        "get_flashinfer_layout_string": lambda layout: "NHD", "cdiv": lambda a, b: -(-a // b), "PIN_MEMORY": False,
+        "envs": NS(VLLM_BATCH_INVARIANT=False, VLLM_USE_V2_MODEL_RUNNER=False), "CUDAGraphMode": NS(FULL="FULL"),
+        "KVQuantMode": NS(NONE="NONE"), "get_dcp_group": lambda: NS(world_size=1, rank_in_group=0), "is_pin_memory_available": bool,
+        "split_decodes_and_prefills": lambda m, **_: (0, m.num_reqs, 0, m.num_actual_tokens),  # every request >1 token
+        "can_use_trtllm_attention": lambda *a: False, "use_trtllm_attention": lambda *a, **k: False,  # SM90
+        "get_per_layer_parameters": lambda *a: {}, "infer_global_hyperparameters": lambda p: NS(
+            sm_scale=HEAD_DIM ** -0.5, window_left=-1, logits_soft_cap=None, has_sinks=False, has_same_window_lefts=True,
+            has_same_all_params=True), "CpuGpuBuffer": lambda *size, dtype, device, **_: NS(
+            cpu=(c := torch.zeros(size, dtype=dtype)), np=c.numpy(), gpu=torch.zeros(size, dtype=dtype, device=device))})
+    saved_config = _provide(sys.modules["vllm.config"], stand_in_only={"get_layers_from_vllm_config": lambda config, cls, names: {
+        n: config.compilation_config.static_forward_context[n] for n in names}})  # what flashfix's helper reads the layers by
+    forced = [(c, c.__dict__["__init__"]) for c in (fi.BatchPrefillWithPagedKVCacheWrapper, fi.BatchAttentionWithAttentionSinkWrapper)
+              if device == "cuda" and "__init__" in c.__dict__]
+    for cls, init in forced:  # FlashInfer's wrappers built with backend="fa2" (what SM12x runs) while the check runs
+        cls.__init__ = lambda self, *args, _init=init, **kwargs: _init(self, *args, **dict(kwargs, backend="fa2"))
     calls = Calls(forward.__code__.co_filename)
     if "get_kv_cache_layout" in module.__dict__:  # up to 0.28: one global layout
         layout, order = None, module.FlashInferBackend.get_kv_cache_stride_order()
     else:  # from 0.29 the builder and impl read their cache config's resolved layout
-        layout = (types.SimpleNamespace(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
+        layout = (NS(name="LBNHC", layer_view_order=(0, 2, 1, 3)) if isinstance(
             module.KVCacheLayout, _StandIn) else module.KVCacheLayout.LBNHC)
         order = layout.layer_view_order
-    common = dict(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout), window_left=None,
+    common = dict(cache_config=NS(get_resolved_kv_cache_layout=lambda: layout, cache_dtype="auto"), window_left=None,
                   is_kvcache_nvfp4=False, nvfp4_fa2=False, nvfp4_trtllm=False)
     bf16, sm_scale = torch.bfloat16, HEAD_DIM ** -0.5
     try:
-        for name, seqs, window_left in [c for c in (SINK_CASES if sink else SHARING_CASES) if not cases or c[0] in cases]:
+        for name, seqs, window_left in [c for c in (SINK_CASES if sink else HEADS_CASES if heads else SHARING_CASES)
+                                        if not cases or c[0] in cases]:
             batches = {"auto": PagedBatch(seqs, seed=seed, device=device), "fp8": PagedBatch(
-                seqs, kv_dtype=torch.float8_e4m3fn, k_scale=K_SCALE, v_scale=V_SCALE, seed=seed, device=device)}
-            common["window_left"] = window_left
+                seqs, kv_dtype=torch.float8_e4m3fn, k_scale=K_SCALE, v_scale=V_SCALE, seed=seed, device=device),
+                       "wide": PagedBatch(seqs, seed=seed, device=device, qo_heads=2 * NUM_QO_HEADS)}
+            common["window_left"], main = window_left, ("fp8", "auto", "wide")[sink + 2 * heads]  # main: the main case's batch
 
-            def run(patched, has_sinks=True, sm12x=True, shared=not sink, kv="auto" if sink else "fp8"):
+            def run(patched, has_sinks=True, sm12x=True, shared=not sink and not heads, kv=main):
                 (make, fwd), batch = (factory, forward) if patched else (factory_0, forward_0), batches[kv]
                 cap = 120 if sm12x else 80  # an SM12x GPU, or an Ampere one (no sink support there)
                 module.current_platform.is_device_capability = lambda c: c in (cap, divmod(cap, 10))
                 module.current_platform.is_device_capability_family = lambda family: family // 10 == cap // 10
-                builder = object.__new__(module.FlashInferMetadataBuilder)
-                builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16,
-                                        kv_cache_dtype=bf16, head_dim=HEAD_DIM, _prefill_wrapper=None,
-                                        _noncausal_prefill_wrapper=None, _workspace_buffer=_workspace(device))
-                wrapper, _, error = drive(make, (builder,), {"causal": True}, calls) if sink else (
-                    fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"), [], None)
-                if error:
-                    return None, [], error
-                calls.watch("prefill", wrapper, names=("run",))
-                batch.plan(wrapper, sm_scale, window_left)
                 impl = object.__new__(module.FlashInferImpl)
-                impl.__dict__.update(common, num_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
-                                     scale=sm_scale, sinks=batch.sinks if sink else None, kv_cache_dtype=kv, bmm2_scale=None,
-                                     logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, o_sf_scale=None, _nvfp4_fp8_out=None,
-                                     kv_sharing_target_layer_name="model.layers.0.self_attn.attn" if shared else None)
-                layer = types.SimpleNamespace(_q_scale_float=1.0, _k_scale_float=batch.scales[0], _o_scale_float=None,
-                                              _v_scale_float=batch.scales[1], _q_scale=torch.tensor(1.0))
-                n = len(batch.q)
-                metadata = types.SimpleNamespace(
-                    kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n,
-                    num_decodes=0, num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True,
-                    q_data_type=bf16, q_data_type_prefill=bf16, q_data_type_decode=bf16, decode=None,
-                    prefill=module.FIPrefill(wrapper=wrapper))
+                impl.__dict__.update(common, num_heads=batch.q.shape[1], num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM,
+                                     scale=sm_scale, sinks=batch.sinks if sink else None, kv_cache_dtype=kv.replace("wide", "auto"),
+                                     bmm2_scale=None, logits_soft_cap=None, dcp_world_size=1, bmm1_scale=None, o_sf_scale=None,
+                                     _nvfp4_fp8_out=None, kv_sharing_target_layer_name=LAYERS[0] if shared else None)
+                n, lens = len(batch.q), torch.tensor([s for _, s in seqs], dtype=torch.int32)
+                # the metadata forward reads, and (layer heads) the common metadata build reads
+                metadata = NS(kv_cache_layout=layout, num_actual_tokens=n, num_decode_tokens=0, num_prefill_tokens=n, num_decodes=0,
+                              num_prefills=len(seqs), use_cascade=False, cascade_wrapper=None, causal=True, decode=None, q_data_type=bf16,
+                              q_data_type_prefill=bf16, q_data_type_decode=bf16, num_reqs=len(seqs), max_seq_len=int(lens.max()),
+                              seq_lens_cpu=lens, seq_lens=lens.to(device), query_start_loc_cpu=batch.qo_indptr, slot_mapping=None,
+                              query_start_loc=batch.qo_indptr.to(device), block_table_tensor=torch.nn.utils.rnn.pad_sequence(
+                                  batch.kv_indices.split(batch.kv_indptr.diff().tolist()), batch_first=True))
+                wrapper, took = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"), []
+                if heads:  # a 16-head model's KV-cache group of ``impl``'s layers: the engine builds and plans it
+                    config = NS(model_config=NS(max_model_len=4096, dtype=bf16, get_num_attention_heads=lambda p: NUM_QO_HEADS),
+                                attention_config=NS(disable_flashinfer_q_quantization=False, use_trtllm_attention=None),
+                                compilation_config=NS(cudagraph_mode=NS(decode_mode=lambda: None),
+                                                      static_forward_context=dict.fromkeys(LAYERS, NS(impl=impl))),
+                                cache_config=common["cache_config"], scheduler_config=NS(max_num_seqs=8),
+                                parallel_config=NS(dcp_kv_cache_interleave_size=1, dcp_comm_backend="ag_rs"), speculative_config=None,
+                                use_v2_model_runner=False)
+                    spec = NS(block_size=PAGE_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, dtype=bf16,
+                              kv_quant_mode=module.KVQuantMode.NONE)
+                    # vLLM's AttentionMetadataBuilder where a stand-in (after it in the MRO): what it sets (no spec decode)
+                    builder = object.__new__(types.new_class("Builder", (module.FlashInferMetadataBuilder, type("Base", (), {
+                        "__init__": lambda self, *a: self.__dict__.update(zip(("kv_cache_spec", "layer_names", "vllm_config", "device"), a)),
+                        "_init_reorder_batch_threshold": lambda self, t, **_: setattr(self, "reorder_batch_threshold", t)}))))
+                    # the engine's __init__ (``make``), then its build, planning on the check's (watched) wrapper
+                    metadata, took, error = drive(lambda m=metadata: make(builder, spec, list(LAYERS), config, torch.device(
+                        device)) or builder.__dict__.update(_workspace_buffer=_workspace(device), _prefill_wrapper=calls.watch(
+                            "prefill", wrapper, ("plan", "run"))) or builder.build(0, m), (), {}, calls)
+                else:
+                    builder = object.__new__(module.FlashInferMetadataBuilder)
+                    builder.__dict__.update(common, has_sinks=has_sinks, use_dcp=False, q_data_type_prefill=bf16, kv_cache_dtype=bf16,
+                                            head_dim=HEAD_DIM, _prefill_wrapper=None, _noncausal_prefill_wrapper=None,
+                                            _workspace_buffer=_workspace(device))
+                    wrapper, _, error = drive(make, (builder,), {"causal": True}, calls) if sink else (wrapper, [], None)
+                    if not error:
+                        calls.watch("prefill", wrapper, names=("run",))
+                        batch.plan(wrapper, sm_scale, window_left)
+                        metadata.prefill = module.FIPrefill(wrapper=wrapper)
+                if error:
+                    return None, took, error
+                layer = NS(_q_scale_float=1.0, _k_scale_float=batch.scales[0], _o_scale_float=None,
+                           _v_scale_float=batch.scales[1], _q_scale=torch.tensor(1.0))
                 # the cache as vLLM allocates it for NHD ([blocks, 2, tokens, heads, D] to 0.27, then K|V in the last
                 # dim; FP8 as uint8), handed to forward as the view that forward's stride order turns back into it
                 memory = (torch.cat, torch.stack)[len(order) == 5]([batch.k_cache, batch.v_cache], 1 if len(order) == 5 else -1)
                 kv_cache = memory.view(torch.uint8 if kv == "fp8" else bf16).permute(*sorted(range(len(order)), key=order.__getitem__))
                 output = torch.empty_like(batch.q)
-                _, took, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
-                return (output if error is None else None), ["built " + type(wrapper).__name__] + took, error
+                _, more, error = drive(fwd, (impl, layer, batch.q, batch.q, batch.q, kv_cache, metadata, output), {}, calls)
+                return (output if error is None else None), ["built " + type(wrapper).__name__] + took + more, error
 
-            ref = None if device == "cpu" else batches["auto" if sink else "fp8"].reference(sm_scale, window_left, sink)
+            ref = None if device == "cpu" else batches[main].reference(sm_scale, window_left, sink)
             base = dict(head, window_left=window_left, seqs=[list(s) for s in seqs])
             controls = (("no sinks", dict(has_sinks=False)), ("a GPU without sink support", dict(sm12x=False))) if sink \
+                else (("a model whose layers all have its 16 heads", dict(kv="auto")),) if heads \
                 else (("a layer that owns its cache", dict(shared=False)), ("a bf16 cache", dict(kv="auto")))
-            released = _pair(rows, dict(base, case=("sink prefill, " if sink else "prefill, FP8 e4m3 cache of a "
-                                                    "KV-sharing layer, ") + name), run, False, True, lambda o: rel_l2(o, ref),
-                             [("%s, %s" % (label, name), kw) for label, kw in controls])
+            released = _pair(rows, dict(base, case=("sink prefill, " if sink else "group of 32-head layers of a 16-head model, "
+                                                    if heads else "prefill, FP8 e4m3 cache of a KV-sharing layer, ") + name),
+                             run, False, True, lambda o: rel_l2(o, ref), [("%s, %s" % (label, name), kw) for label, kw in controls])
         return _revert(patch_id, rows, head, lambda: _same(run(True), released))
     finally:
         module.__dict__.update(saved)
+        sys.modules["vllm.config"].__dict__.update(saved_config)
         for cls, init in forced:
             cls.__init__ = init
 
 
 # --- vLLM #52796: FlashInfer's base-2 LSE handed to a natural-log merge --------------------------
-
-
 def _merge_ln(output, prefix, prefix_lse, suffix, suffix_lse, *_):
     """vLLM's ``merge_attn_states`` (its CUDA op and Triton kernel compute this): the two partial
     outputs weighted by their LSEs ([heads, tokens]) read as natural log, written into ``output``."""
@@ -537,7 +548,6 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
     on requests with a cached prefix, merged as ``merge_attn_states`` merges, against float64; then
     ``revert()``. MLA: the new-token and context-chunk runs (control: no LSE); DCP: the wrapper's ``run``."""
     import torch
-
     mla = patch_id != "vllm-dcp-prefill-lse"
     module, rows, head, pairs, fi, device = _engine(patch_id, path, ["new_tokens", "context_chunk"] if mla else ["run"], fi)
     if not pairs:
@@ -612,7 +622,6 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     replay plans them, by ``fast_decode_plan`` (controls: the self-attention layer; the plan at capture)."""
     import collections
     import torch
-
     swa, cross = (patch_id == "sglang-%s" % n for n in ("swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens"))
     requests = requests or (XATTN_REQUESTS if cross else SWA_REQUESTS)
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [
@@ -723,14 +732,11 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
 
 
 # --- (c) sink wrappers of different configurations in one process -----------------------------
-
-
 def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000)), seed=0, log=None):
     """Build, plan and run one sink wrapper per ``(kv dtype name, head_dim)`` of ``configs`` in this process,
     in order (run it in a fresh one: the collision is per process); each wrapper's error against float64."""
     import torch
     import flashinfer
-
     dtypes = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
     caught, messages = logging.Handler(logging.WARNING), []
     caught.emit = lambda record: messages.append(record.getMessage())
@@ -747,9 +753,8 @@ def sink_sequence(configs, backend="fa2", seqs=((57, 57), (300, 300), (128, 1000
         batch.plan(wrapper, sm_scale, -1)
         out = wrapper.run(batch.q, (batch.k_cache, batch.v_cache), batch.sinks, sm_scale)
         torch.cuda.synchronize()
-        rows.append({"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend,
-                     "err": rel_l2(out, batch.reference(sm_scale)),
-                     "nan": float((~torch.isfinite(out.float())).float().mean()), "build_s": round(build_s, 1)})
+        rows.append({"step": index + 1, "kv": kv_name, "head_dim": head_dim, "backend": backend, "err": rel_l2(out, batch.reference(
+            sm_scale)), "nan": float((~torch.isfinite(out.float())).float().mean()), "build_s": round(build_s, 1)})
         if log:
             log(rows[-1])
     logging.getLogger("flashfix").removeHandler(caught)

@@ -32,6 +32,7 @@ CHECKS = (
     ("sink-prefill fa2", "vllm-sink-prefill", 0.005, "g.vllm_forward(patch, path, cases=('no prefix',))"),
     ("sink-prefill fa2 window", "vllm-sink-prefill", 0.005, "g.vllm_forward(patch, path, cases=('sliding window 128',))"),
     ("fp8-kv-sharing", "vllm-fp8-kv-sharing-view", 0.01, "g.vllm_forward(patch, path)"),
+    ("layer-heads-plan", "vllm-layer-heads-plan", 0.01, "g.vllm_forward(patch, path)"),
     ("fp8-paged", "sglang-fp8-kv-scales", 0.01, "g.sglang_fp8(path)"),
     ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
     ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
