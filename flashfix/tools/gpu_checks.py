@@ -432,8 +432,8 @@ def vllm_forward(patch_id, path=None, cases=(), seed=0, fi=None):
             sm_scale=HEAD_DIM ** -0.5, window_left=-1, logits_soft_cap=None, has_sinks=False, has_same_window_lefts=True,
             has_same_all_params=True), "CpuGpuBuffer": lambda *size, dtype, device, **_: NS(
             cpu=(c := torch.zeros(size, dtype=dtype)), np=c.numpy(), gpu=torch.zeros(size, dtype=dtype, device=device))})
-    saved_config = _provide(sys.modules["vllm.config"], stand_in_only={"get_layers_from_vllm_config": lambda config, cls, names: {
-        n: config.compilation_config.static_forward_context[n] for n in names}})  # what flashfix's helper reads the layers by
+    saved_config = _provide(sys.modules["vllm.config"], *[{"get_layers_from_vllm_config": lambda config, cls, names: {  # the
+        n: config.compilation_config.static_forward_context[n] for n in names}}] * 2)  # helper's; vLLM's drops non-layers
     forced = [(c, c.__dict__["__init__"]) for c in (fi.BatchPrefillWithPagedKVCacheWrapper, fi.BatchAttentionWithAttentionSinkWrapper)
               if device == "cuda" and "__init__" in c.__dict__]
     for cls, init in forced:  # FlashInfer's wrappers built with backend="fa2" (what SM12x runs) while the check runs
