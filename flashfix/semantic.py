@@ -487,6 +487,8 @@ def _free_names(news, func):
 
 def _mention(tree, word):
     """The first node of ``tree`` that spells ``word`` (any case) in a name or string, or None."""
+    if isinstance(tree, _source.Module) and tree.unspelled(word):  # a module: parsed only where it may spell it
+        return None
     return next((n for n in ast.walk(tree) if any(word.lower() in w.lower() for w in words(n))), None)
 
 

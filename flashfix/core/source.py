@@ -1,9 +1,9 @@
 """Reading engine source without importing it, and recompiling one function with an edit.
 
 Shape probes read a module's source through the current reader (``_locate``: by default
-the import system's own finders, which import nothing) and ``ast``: a module is parsed whole,
-by Python's own parser, so what a probe reads as code is what Python runs (never the inside of
-a string or comment). The same reading serves ``flashfix doctor`` (engine not imported) and the
+the import system's own finders, which import nothing) and ``ast``: a module is parsed by
+Python's own parser, in the pieces a probe needs (``Module``), so what a probe reads as code is
+what Python runs (never the inside of a string or comment). The same reading serves ``flashfix doctor`` (engine not imported) and the
 runtime gate (engine imported), so both decide from the same facts. A definition is the one
 Python binds (``find_def``: the last one of its scope). Parsed trees live only while patches
 are being decided (``forget()``), so no engine process keeps them.
@@ -22,8 +22,8 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 import ast
 import contextlib
 import copy
-import itertools
 import re
+import unicodedata
 
 from flashfix.core import locate as _locate
 
@@ -42,35 +42,83 @@ def module_file(modname, modules=None):
 SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but has no source
 
 _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
-KEEP_RUNS = False  # True: a tree keeps its parsed runs until forget() (the doctor; an engine process keeps none)
+KEEP_RUNS = False  # True: a tree keeps the pieces it parsed until forget() (the doctor; an engine process keeps none)
 
 
-# A line that may start a top-level statement: at column 0, not blank, a comment, a closing
-# bracket or a clause that continues a statement above (else, elif, except, finally).
-_CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
-_CLASS = re.compile(r"class\b|@")  # a statement that may be a class (the parser decides: _split_class)
-CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
+# Comments and strings as Python's tokenizer reads them (a quote that opens no string: one character).
+_LEX = re.compile(r"(?=[#'\"])(?:#[^\r\n]*|'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''|\"\"\"(?:[^\"\\]|\\[\s\S]|\"(?!\"\"))*\"\"\""
+                  r"|'(?:[^'\\\r\n]|\\(?:\r\n|[\s\S]))*'|\"(?:[^\"\\\r\n]|\\(?:\r\n|[\s\S]))*\"|.)")
+_HEAD = re.compile(r"(?:async[ \t]+)?(def|class)[ \t]+(\w+)")  # a statement that binds this one name
+_BRACKET = re.compile(r"[()\[\]{}:]")
+_BODY = re.compile(r"^(?:[ \t]*\f)*([ \t]+)\S", re.M)  # a line's indentation (a form feed resets it)
+
+
+class _Whole(Exception):
+    """A piece did not parse alone: the file is read whole (whose SyntaxError is Python's own)."""
+
+
+def _mask(text):
+    """``text`` with each string blanked to NULs and each comment to spaces (same length, no newline
+    left in a string); None where the tokens cannot be told from the text: a quote that opens no
+    string, or an f-string whose braces, strings in it aside, do not balance (PEP 701: Python 3.12
+    reads ``f"{x["k"]}"`` as one string, where this reads ``f"{x["``)."""
+    out, at = [], 0
+    for m in _LEX.finditer(text):
+        s, e, token = m.start(), m.end(), m.group()
+        if e - s == 1 and token != "#":
+            return None
+        bare = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "", token[1:-1]) if "f" in text[max(s - 2, 0):s].lower() else ""
+        if bare.count("{") != bare.count("}"):
+            return None
+        out += [text[at:s], ("\0" if token[0] != "#" else " ") * (e - s)]
+        at = e
+    return "".join(out + [text[at:]])
+
+
+def _depth(masked, a, b):
+    return sum(masked.count(c, a, b) for c in "([{") - sum(masked.count(c, a, b) for c in ")]}")
+
+
+def _pieces(text, masked, start, end, indent, line):
+    """``[[start, end, line, head]]``: each statement at ``indent`` in ``text[start:end]`` (whose
+    first line is ``line``), decorators with it (``head``: where its keyword is); None where the
+    brackets do not balance. As Python's tokenizer has it, a statement starts on a line at
+    ``indent`` outside strings and brackets, not after a backslash, and not an ``else``-like clause."""
+    cut = re.compile(r"^(?:[ \t]*\f)*%s(?![\s)\]}]|(?:else|elif|except|finally)\b)" % re.escape(indent), re.M)
+    found, depth, at = [], 0, start
+    for m in cut.finditer(masked, start, end):
+        depth, line, at = depth + _depth(masked, at, m.start()), line + text.count("\n", at, m.start()), m.start()
+        if depth or masked.endswith(("\\\n", "\\\r\n"), start, at):
+            continue
+        if found and masked[found[-1][3]] == "@":  # after a decorator: the same statement
+            found[-1][3] = m.end()
+        else:
+            found.append([at, end, line, m.end()])
+    for piece, after in zip(found, found[1:]):
+        piece[1] = after[0]
+    return found if depth + _depth(masked, at, end) == 0 else None
 
 
 class Module(ast.Module):
-    """``ast.Module`` of ``text``, read by Python's own parser, run by run (``runs()``).
+    """``ast.Module`` of ``text``, read by Python's own parser piece by piece (``statements()``).
 
-    A run of top-level statements is parsed alone, starting where the run before it ended.
-    That is sound: the run before parsed completely, so its end is not inside a string,
-    brackets or a backslash continuation, and the next line, at column 0 and no ``else``-like
-    clause, starts a new statement, exactly as in the whole file (where a run does not parse,
-    it is extended to the next cut, and finally to the end). So a probe keeps only the
-    statements it needs (memory grows with a run, not the file), and ``find_def`` stops once
-    the rest of the text never spells the name looked up. ``body`` is every run."""
+    The text is cut where Python starts a top-level statement (``_pieces``, with the strings,
+    comments and brackets found as Python's tokenizer finds them), a class also where a statement
+    of its body starts, and each piece is parsed alone with the file's lines and columns. A lookup
+    parses only the pieces that can bind the name it looks up: a ``def`` or ``class`` binds its own
+    name only, any other piece must spell the name. So what is parsed grows with what is read, not
+    with the file. Where the text leaves a doubt (a quote that opens no string, an f-string that may
+    nest its quotes, brackets that do not balance, a bare CR, identifiers not in NFKC form) or a
+    piece does not parse alone, the file is parsed whole. ``body`` is every statement."""
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
-        self.flashfix_text, self.flashfix_origin, self._body, self._kept = text, origin, None, None
+        self.flashfix_text, self.flashfix_origin, self._body, self._top, self._kept = text, origin, None, None, {}
 
     @property
     def body(self):
         if self._body is None:
-            self._body = [statement for _, run in self.runs() for statement in run]
+            self._body = self.statements() if self._pieces() else ast.parse(self.flashfix_text, self._origin()).body
         return self._body
 
     @body.setter
@@ -80,149 +128,99 @@ class Module(ast.Module):
     def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
         return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
 
-    def runs(self, keep=None):
-        """``(end, statements)`` for each run of top-level statements, in order; ``end`` is
-        the offset in the text where the run ends. SyntaxError if the text does not parse.
+    def _origin(self):
+        return self.flashfix_origin or "<unknown>"
 
-        A top-level class longer than ``CHUNK_LINES`` is parsed in runs of its own body
-        (``_split_class``), so the parser never holds a whole long class at once. With
-        ``keep(class_node, statement)``, such a class keeps only the body statements that
-        ``keep`` accepts (its other attributes, line and column included, are the whole
-        file's): a probe that looks up one method keeps that method, not the class."""
-        if self._body is not None:
-            yield len(self.flashfix_text), self._body
-            return
-        if not KEEP_RUNS:
-            return (yield from self._runs(keep))
-        if self._kept is None:  # the doctor: each run parsed once, whole, for every patch that reads it
-            self._kept, self._more = [], self._runs(None)
-        for i in itertools.count():
-            if i == len(self._kept):
-                try:
-                    self._kept.append(next(self._more, None))
-                except (SyntaxError, ValueError) as exc:  # raised to every reader, not only the first
-                    self._kept.append(exc)
-            if isinstance(self._kept[i], Exception):
-                raise self._kept[i]
-            if self._kept[i] is None:
-                return
-            yield self._kept[i]
+    def _pieces(self):
+        if self._top is None:
+            text = self.flashfix_text
+            masked = self._masked = _mask(text) if text.count("\r") == text.count("\r\n") else None
+            plain = masked is not None and unicodedata.is_normalized("NFKC", masked)  # names spelled as Python reads them
+            self._top = plain and _pieces(text, masked, 0, len(text), "", 1) or False
+        return self._top
 
-    def _runs(self, keep):
-        text, origin = self.flashfix_text, self.flashfix_origin or "<unknown>"
-        cuts, line, at = [], 1, 0
-        for match in _CUT.finditer(text):
-            line += text.count("\n", at, match.start())
-            at = match.start()
-            cuts.append((at, line))
-        lines = line + text.count("\n", at)
+    def unspelled(self, word):
+        """True where no name or string here can spell ``word`` (an ASCII identifier, any case): names are
+        in NFKC form (as Python reads them), no string escape writes a letter or joins lines, and the
+        word is neither in the text nor in its strings' text run together (``"ab" "c"`` is ``"abc"``)."""
+        text, word = self.flashfix_text, word.lower()
+        if not (word.isascii() and word.isidentifier()) or word in text.lower() or not self._pieces():
+            return False
+        strings = "".join(text[m.start():m.end()] for m in re.finditer("\0+", self._masked))
+        return not re.search(r"\\[xuUN0-7\r\n]", strings) and word not in re.sub("['\"]", "", strings).lower()
 
-        def long_class(at, line, k):  # may the statement at ``at`` be a class longer than CHUNK_LINES?
-            if not _CLASS.match(text, at):
-                return False
-            if text.startswith("@", at):  # its decorators, then its own line
-                while k < len(cuts) and text.startswith("@", cuts[k][0]):
-                    k += 1
-                k += 1
-            return (cuts[k][1] if k < len(cuts) else lines) - line > CHUNK_LINES
-
-        start, line, k = 0, 1, 0
-        while start < len(text):
-            while k < len(cuts) and cuts[k][1] <= line:
-                k += 1
-            if long_class(start, line, k):
-                split = _split_class(text, origin, start, line, cuts[k:], keep)
-                if split is not None:  # one long class, read in runs of its body
-                    node, start, line = split
-                    yield start, [node]
-                    continue
-            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES and not long_class(*cuts[k], k + 1):
-                k += 1  # a run ends before a long class, which is read in runs of its own
-            for attempt in range(4):
-                end, next_line = cuts[k] if k < len(cuts) and attempt < 3 else (len(text), None)
-                try:
-                    run = ast.parse("\n" * (line - 1) + text[start:end], filename=origin).body
-                    break
-                except (SyntaxError, ValueError):
-                    if end == len(text):
-                        raise
-                    k += 1
-            yield end, run
-            start, line = end, next_line
-
-
-CLASS_CHUNK_LINES = 100  # a run of a long class's body statements parsed at once holds at least this many lines
-
-
-def _split_class(text, origin, start, line, ends, keep):
-    """``(class_node, end, next_line)``: the class whose statement starts at offset ``start``
-    (line ``line``), read in runs of its body statements, and where it ends (one of ``ends``,
-    the ``(offset, line)`` of later lines at column 0 that may start a top-level statement);
-    None where the statement is not a class read that way (the caller parses it whole).
-
-    Sound for the same reason as a module's runs: each run parsed completely, so it does
-    not end inside a string, brackets or a backslash continuation, and the next line, at
-    the body's own indentation (checked against the first body statement, as the parser
-    read it) and no ``else``-like clause, starts a statement of the class body, exactly as
-    in the whole file; a run that ends before one of ``ends`` ends the class there. A body
-    run is parsed under an ``if 1:`` line placed just above it, so every line and column is
-    the file's; it must give that one ``if`` and nothing else (a statement at column 0
-    would end the class, an ``else:`` would join the ``if``)."""
-    first = text.find("\n", start) + 1
-    indent = re.compile(r"^([ \t\f]+)(?=[^\s#)\]}])", re.M).search(text, first) if first else None
-    if indent is None:
-        return None
-    prefix = indent.group(1)
-    cut = re.compile(r"^%s(?![\s#)\]}]|(?:else|elif|except|finally)\b)" % re.escape(prefix), re.M)
-    cuts, at, n = [], start, line
-    for match in cut.finditer(text, first):
-        n += text.count("\n", at, match.start())
-        at = match.start()
-        cuts.append((at, n, False))
-    cuts = sorted(cuts + [(at, n, True) for at, n in ends]) + [(len(text), None, True)]
-    node, last, at, n, j = None, None, start, line, 0
-    while True:
-        while j < len(cuts) - 1 and cuts[j][1] < n + CLASS_CHUNK_LINES and not cuts[j][2]:
-            j += 1
+    def statements(self, words=None, member=None, line=None):
+        """The top-level statements of the pieces that spell one of ``words`` (None: every piece) and
+        hold line ``line`` (None: any); of a class, only its body statements that spell ``member`` (and
+        hold ``line``; None: all of them; False: none, an empty body)."""
+        if self._body is not None or not self._pieces():
+            return self.body
         try:
-            if node is None:  # the header run: one class, its body at ``prefix``
-                run = ast.parse("\n" * (line - 1) + text[start:cuts[j][0]], filename=origin).body
-            else:
-                wrapped = ast.parse("\n" * (n - 2) + "if 1:\n" + text[at:cuts[j][0]], filename=origin).body
-                if len(wrapped) != 1 or not isinstance(wrapped[0], ast.If) or wrapped[0].orelse:
-                    return None
-                run = wrapped[0].body
+            return [s for piece in self._select(self._top, words, line) for s in self._read(piece, member, line)]
+        except _Whole:
+            self._top = False
+            return self.body
+
+    def _select(self, pieces, words, line):
+        text = self.flashfix_text
+        for i, (start, end, first, head) in enumerate(pieces):
+            if line is not None and not first <= line < (pieces[i + 1][2] if i + 1 < len(pieces) else line + 1):
+                continue
+            defines = _HEAD.match(text, head)
+            if words is None or any(text.find(w, start, end) >= 0 for w in words) and (
+                    defines is None or defines.group(2) in words):
+                yield pieces[i]
+
+    def _read(self, piece, member, line):
+        members = self._keep((piece[0], None), self._members, piece) if member is not None or line is not None else None
+        if members is None:
+            return self._keep((piece[0], False), self._parse, piece, False)
+        node = copy.copy(members[0])
+        node.body = [] if member is False else [s for p in self._select(members[1], member and (member,), line)
+                                                for s in self._keep((p[0], True), self._parse, p, True)]
+        return [node]
+
+    def _keep(self, key, compute, *args):
+        if key not in self._kept:
+            if not KEEP_RUNS:
+                return compute(*args)
+            self._kept[key] = compute(*args)
+        return self._kept[key]
+
+    def _parse(self, piece, inner):
+        """The statements of ``piece`` (``inner``: of a class body, parsed under an ``if 1:`` line
+        placed just above it, so every line and column is the file's)."""
+        start, end, line, _ = piece
+        try:
+            if not inner:
+                return ast.parse("\n" * (line - 1) + self.flashfix_text[start:end], self._origin()).body
+            wrapped = ast.parse("\n" * (line - 2) + "if 1:\n" + self.flashfix_text[start:end], self._origin()).body
         except (SyntaxError, ValueError):
-            if j == len(cuts) - 1:
-                return None  # parsed whole by the caller
-            grow = cuts[j][1] + max(CLASS_CHUNK_LINES, cuts[j][1] - n)  # twice as long a run, or more
-            j += 1
-            while j < len(cuts) - 1 and cuts[j][1] < grow and not cuts[j][2]:
-                j += 1
-            continue
-        if node is None:
-            if len(run) != 1 or not isinstance(run[0], ast.ClassDef):
-                return None
-            node, run = run[0], run[0].body
-            body_line = text[_line_start(text, start, line, run[0].lineno):]
-            if not body_line.startswith(prefix) or run[0].col_offset != len(prefix):
-                return None  # ``prefix`` is not the indentation of the class body
-            node.body = []
-        last = run[-1]
-        node.body.extend(s for s in run if keep is None or keep(node, s))
-        at, n, top = cuts[j]
-        if top:  # a run that parsed ends before a line at column 0: the class ends there
-            node.end_lineno, node.end_col_offset = last.end_lineno, last.end_col_offset
-            return node, at, n
-        j += 1
+            raise _Whole() from None
+        if len(wrapped) != 1 or not isinstance(wrapped[0], ast.If) or wrapped[0].orelse:
+            raise _Whole()
+        return wrapped[0].body
 
-
-def _line_start(text, at, line, target):
-    """The offset of line ``target`` in ``text``, counting from offset ``at`` of line ``line``."""
-    while line < target:
-        at = text.index("\n", at) + 1
-        line += 1
-    return at
+    def _members(self, piece):
+        """``(class node, [pieces of its body])`` for a class read in pieces of its body, else None."""
+        text, masked, (start, end, line, head) = self.flashfix_text, self._masked, piece
+        defines, depth = _HEAD.match(text, head), 0
+        for m in _BRACKET.finditer(masked, defines.end(), end) if defines and defines.group(1) == "class" else ():
+            if m.group() == ":" and not depth:  # the colon that ends the header
+                newline = masked.find("\n", m.end(), end)
+                body = _BODY.search(masked, newline + 1, end) if newline > 0 and not masked[m.end():newline].strip() else None
+                members = body and _pieces(text, masked, newline + 1, end, body.group(1),
+                                           line + text.count("\n", start, newline + 1))
+                if not members:  # a body on the header's line, or none that can be cut
+                    return None
+                try:
+                    (node,) = ast.parse("\n" * (line - 1) + text[start:members[0][0]] + body.group(1) + "pass\n",
+                                        self._origin()).body
+                except (SyntaxError, ValueError):
+                    return None
+                return (node, members) if isinstance(node, ast.ClassDef) else None
+            depth += 1 if m.group() in "([{" else -1
+        return None
 
 
 def parse_text(text, origin):
@@ -282,19 +280,11 @@ def find_def(tree, qualname):
     an import, ``del``...)."""
     parts = qualname.split(".")
     if isinstance(tree, Module):
-        text = tree.flashfix_text
-        if any(part not in text for part in parts):  # no definition can bind a name never spelled
+        text = tree.flashfix_text  # no definition can bind a name never spelled (its NFKC form is what Python reads)
+        if unicodedata.is_normalized("NFKC", text) and any(part not in text for part in parts):
             return None
-        statements = []
-        if len(parts) > 1:  # of a long class, only the statements that bind the member are kept
-            keep = lambda cls, statement: cls.name == parts[0] and _binds(statement, parts[1])  # noqa: E731
-        else:
-            keep = lambda cls, statement: cls.name == parts[0]  # noqa: E731
-        for end, run in tree.runs(keep):  # the statements that bind the name, up to its last spelling
-            statements.extend(s for s in run if _binds(s, parts[0]))
-            if text.find(parts[0], end) < 0:
-                break
-        tree = ast.Module(body=statements, type_ignores=[])
+        statements = tree.statements((parts[0],), parts[1] if len(parts) > 1 else None)  # a class: the member's pieces
+        tree = ast.Module(body=[s for s in statements if _binds(s, parts[0])], type_ignores=[])
     node = tree
     for part in parts:
         node = _bound_def(node, part, qualname)
@@ -362,8 +352,8 @@ def binds(modname, name, depth=0, tree=None):
     if not isinstance(tree, ast.Module) or depth > 5 or name not in text and "import *" not in text:
         return False
     stars, star = [], "import *" in text and not name.startswith("_")  # a star import binds no private name
-    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
-    for statement in (statement for _, run in runs for statement in run):
+    words = (name, "import") if star else (name,)  # the pieces that can bind it, or import *
+    for statement in tree.statements(words, False) if isinstance(tree, Module) else tree.body:
         if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
         if _bindings(statement, name):
@@ -474,15 +464,11 @@ def _def_node(func, tree=None):
     if tree is None:
         tree = parse_text(*function_source(func))
     line = code.co_firstlineno
-    runs = tree.runs(lambda cls, s: _first_line(s) <= line <= s.end_lineno) if isinstance(tree, Module) \
-        else [(None, tree.body)]
-    for _, run in runs:  # only the statements that hold the function's first line are walked
-        for statement in run:
-            if _first_line(statement) <= code.co_firstlineno <= statement.end_lineno:  # a decorated def too
-                for node in ast.walk(statement):
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-                        if _first_line(node) == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                            return node
+    for statement in tree.statements(line=line) if isinstance(tree, Module) else tree.body:  # the piece with its line
+        for node in ast.walk(statement):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+                if _first_line(node) == line or node.lineno == line:  # a decorated def too
+                    return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
@@ -501,8 +487,8 @@ def _top_level_imports(tree):
 
 
 def _imports_of(tree):
-    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
-    names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
+    statements = tree.statements(("import",), False) if isinstance(tree, Module) else tree.body  # no def is read
+    names, stack = set(), [s for s in statements if not isinstance(s, _DEFS)]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
