@@ -165,9 +165,13 @@ def _match_call(p, t, b):
 
 def find(p, scopes, given=None):
     """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
-    starting from ``given``."""
-    found = []
-    for scope in scopes:  # a class body or a module: its own statements, not those of its defs
+    starting from ``given``. A scope whose text (``flashfix_piece``: read from a module in pieces)
+    does not spell every name ``p`` spells holds no match: it is not walked."""
+    found, needs = [], getattr(p, "flashfix_needs", None)
+    if needs is None:  # names, attributes, keywords: the code spells each one a match has (its names are NFKC)
+        needs = p.flashfix_needs = {w for n in ast.walk(p) if not isinstance(n, ast.Constant) for w in words(n)
+                                    if w.isidentifier() and not w.startswith((ONE, MANY))}
+    for scope in [s for s in scopes if all(w in getattr(s, "flashfix_piece", w) for w in needs)]:
         for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in ast.walk(s)] if (
                 isinstance(scope, (ast.ClassDef, ast.Module))) else ast.walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``

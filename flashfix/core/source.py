@@ -190,16 +190,18 @@ class Module(ast.Module):
     def _parse(self, piece, inner):
         """The statements of ``piece`` (``inner``: of a class body, parsed under an ``if 1:`` line
         placed just above it, so every line and column is the file's)."""
-        start, end, line, _ = piece
+        text = self.flashfix_text[piece[0]:piece[1]]
         try:
-            if not inner:
-                return ast.parse("\n" * (line - 1) + self.flashfix_text[start:end], self._origin()).body
-            wrapped = ast.parse("\n" * (line - 2) + "if 1:\n" + self.flashfix_text[start:end], self._origin()).body
+            statements = ast.parse("\n" * (piece[2] - 1 - inner) + "if 1:\n" * inner + text, self._origin()).body
         except (SyntaxError, ValueError):
             raise _Whole() from None
-        if len(wrapped) != 1 or not isinstance(wrapped[0], ast.If) or wrapped[0].orelse:
-            raise _Whole()
-        return wrapped[0].body
+        if inner:
+            if len(statements) != 1 or not isinstance(statements[0], ast.If) or statements[0].orelse:
+                raise _Whole()
+            statements = statements[0].body
+        for statement in statements:
+            statement.flashfix_piece = text  # its text: semantic.find walks no scope that lacks a pattern's names
+        return statements
 
     def _members(self, piece):
         """``(class node, [pieces of its body])`` for a class read in pieces of its body, else None."""
