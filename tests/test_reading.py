@@ -30,6 +30,7 @@ import engine_env
 import vet_helpers
 from conftest import REPO
 
+from flashfix.core import locate as _locate
 from flashfix.core import source as _source
 
 RELEASE = "sglang==0.5.17"
@@ -607,3 +608,39 @@ def test_a_word_spelled_only_by_a_string_value_is_a_mention(text):
     assert semantic._mention(module, word) is not None
     plain = _source.Module('WHY = "see _prepare_ and"\nHOW = "flashinfer_params"\n', "<t>")
     assert plain.unspelled(word) and semantic._mention(plain, word) is None
+
+
+class CountingReader:
+    """A reader that counts what it is asked (one module, one distribution)."""
+
+    def __init__(self):
+        self.asked = []
+
+    def find(self, name):
+        self.asked.append(("find", name))
+        return _locate.Found(name, "/m/%s.py" % name, "X = 1\n", "0" * 64)
+
+    def version(self, dist):
+        self.asked.append(("version", dist))
+        return "1.0"
+
+    def version_source(self, dist):
+        self.asked.append(("version_source", dist))
+        return ("/m/METADATA", "1" * 64)
+
+
+def test_within_kept_a_reader_answers_each_question_once_and_every_row_still_names_its_sources():
+    """The doctor asks the same few questions for every patch: within ``kept()`` the reader answers
+    each once; each ``recording()`` (a row's sources) still lists what it read. Outside: asked again."""
+    r = CountingReader()
+    with _locate.reading(r):
+        with _source.kept():
+            rows = []
+            for _ in range(3):
+                with _locate.recording() as sources:
+                    assert _locate.find("m").text == "X = 1\n" and _locate.version("d") == "1.0"
+                rows.append(sources)
+            assert sorted(r.asked) == [("find", "m"), ("version", "d"), ("version_source", "d")]
+            assert rows[0] == rows[1] == rows[2] and len(rows[0]) == 2
+        _locate.find("m")
+    assert len(r.asked) == 4

@@ -46,11 +46,12 @@ KEEP_RUNS = False  # True: a tree keeps the pieces it parsed until forget() (the
 
 
 # Comments and strings as Python's tokenizer reads them (a quote that opens no string: one character).
-_LEX = re.compile(r"(?=[#'\"])(?:#[^\r\n]*|'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''|\"\"\"(?:[^\"\\]|\\[\s\S]|\"(?!\"\"))*\"\"\""
-                  r"|'(?:[^'\\\r\n]|\\(?:\r\n|[\s\S]))*'|\"(?:[^\"\\\r\n]|\\(?:\r\n|[\s\S]))*\"|.)")
+_LEX = re.compile(r"#[^\r\n]*|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''|\"\"\"[^\"\\]*(?:(?:\\[\s\S]|\"(?!\"\"))[^\"\\]*)*\"\"\""
+                  r"|'[^'\\\r\n]*(?:\\(?:\r\n|[\s\S])[^'\\\r\n]*)*'|\"[^\"\\\r\n]*(?:\\(?:\r\n|[\s\S])[^\"\\\r\n]*)*\"|['\"]")
 _HEAD = re.compile(r"(?:async[ \t]+)?(def|class)[ \t]+(\w+)")  # a statement that binds this one name
-_BRACKET = re.compile(r"[()\[\]{}:]")
 _BODY = re.compile(r"^(?:[ \t]*\f)*([ \t]+)\S", re.M)  # a line's indentation (a form feed resets it)
+_OPEN_CLOSE = str.maketrans("[]{}", "()()")
+_BRACKET = re.compile(r"[():]")  # in masked text (brackets written as parentheses)
 
 
 class _Whole(Exception):
@@ -58,10 +59,10 @@ class _Whole(Exception):
 
 
 def _mask(text):
-    """``text`` with each string blanked to NULs and each comment to spaces (same length, no newline
-    left in a string); None where the tokens cannot be told from the text: a quote that opens no
-    string, or an f-string whose braces, strings in it aside, do not balance (PEP 701: Python 3.12
-    reads ``f"{x["k"]}"`` as one string, where this reads ``f"{x["``)."""
+    """``text`` with each string blanked to NULs, each comment to spaces and every bracket written
+    ``(`` or ``)`` (same length, no newline left in a string); None where the tokens cannot be told
+    from the text: a quote that opens no string, or an f-string whose braces, strings in it aside, do
+    not balance (PEP 701: Python 3.12 reads ``f"{x["k"]}"`` as one string, where this reads ``f"{x["``)."""
     out, at = [], 0
     for m in _LEX.finditer(text):
         s, e, token = m.start(), m.end(), m.group()
@@ -72,31 +73,28 @@ def _mask(text):
             return None
         out += [text[at:s], ("\0" if token[0] != "#" else " ") * (e - s)]
         at = e
-    return "".join(out + [text[at:]])
-
-
-def _depth(masked, a, b):
-    return sum(masked.count(c, a, b) for c in "([{") - sum(masked.count(c, a, b) for c in ")]}")
+    return "".join(out + [text[at:]]).translate(_OPEN_CLOSE)
 
 
 def _pieces(text, masked, start, end, indent, line):
     """``[[start, end, line, head]]``: each statement at ``indent`` in ``text[start:end]`` (whose
-    first line is ``line``), decorators with it (``head``: where its keyword is); None where the
-    brackets do not balance. As Python's tokenizer has it, a statement starts on a line at
-    ``indent`` outside strings and brackets, not after a backslash, and not an ``else``-like clause."""
-    cut = re.compile(r"^(?:[ \t]*\f)*%s(?![\s)\]}]|(?:else|elif|except|finally)\b)" % re.escape(indent), re.M)
+    first line, ``line``, starts at ``start``), decorators with it (``head``: where its keyword is);
+    None where the brackets do not balance. As Python's tokenizer has it, a statement starts on a line
+    at ``indent`` outside strings and brackets, not after a backslash, and not an ``else``-like clause."""
+    cut = re.compile(r"\n(?:[ \t]*\f)*%s(?![\s)]|(?:else|elif|except|finally)\b)" % re.escape(indent))
     found, depth, at = [], 0, start
-    for m in cut.finditer(masked, start, end):
-        depth, line, at = depth + _depth(masked, at, m.start()), line + text.count("\n", at, m.start()), m.start()
+    for m in cut.finditer("\n" + masked, start, end + 1):  # one newline first: offsets in it are one more
+        p, head = m.start(), m.end() - 1
+        depth, line, at = depth + masked.count("(", at, p) - masked.count(")", at, p), line + text.count("\n", at, p), p
         if depth or masked.endswith(("\\\n", "\\\r\n"), start, at):
             continue
         if found and masked[found[-1][3]] == "@":  # after a decorator: the same statement
-            found[-1][3] = m.end()
+            found[-1][3] = head
         else:
-            found.append([at, end, line, m.end()])
+            found.append([at, end, line, head])
     for piece, after in zip(found, found[1:]):
         piece[1] = after[0]
-    return found if depth + _depth(masked, at, end) == 0 else None
+    return found if depth + masked.count("(", at, end) - masked.count(")", at, end) == 0 else None
 
 
 class Module(ast.Module):
@@ -114,11 +112,12 @@ class Module(ast.Module):
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
         self.flashfix_text, self.flashfix_origin, self._body, self._top, self._kept = text, origin, None, None, {}
+        self._file = origin or "<unknown>"
 
     @property
     def body(self):
         if self._body is None:
-            self._body = self.statements() if self._pieces() else ast.parse(self.flashfix_text, self._origin()).body
+            self._body = self.statements() if self._pieces() else ast.parse(self.flashfix_text, self._file).body
         return self._body
 
     @body.setter
@@ -127,9 +126,6 @@ class Module(ast.Module):
 
     def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
         return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
-
-    def _origin(self):
-        return self.flashfix_origin or "<unknown>"
 
     def _pieces(self):
         if self._top is None:
@@ -192,7 +188,7 @@ class Module(ast.Module):
         placed just above it, so every line and column is the file's)."""
         text = self.flashfix_text[piece[0]:piece[1]]
         try:
-            statements = ast.parse("\n" * (piece[2] - 1 - inner) + "if 1:\n" * inner + text, self._origin()).body
+            statements = ast.parse("\n" * (piece[2] - 1 - inner) + "if 1:\n" * inner + text, self._file).body
         except (SyntaxError, ValueError):
             raise _Whole() from None
         if inner:
@@ -217,11 +213,11 @@ class Module(ast.Module):
                     return None
                 try:
                     (node,) = ast.parse("\n" * (line - 1) + text[start:members[0][0]] + body.group(1) + "pass\n",
-                                        self._origin()).body
+                                        self._file).body
                 except (SyntaxError, ValueError):
                     return None
                 return (node, members) if isinstance(node, ast.ClassDef) else None
-            depth += 1 if m.group() in "([{" else -1
+            depth += 1 if m.group() == "(" else -1
         return None
 
 
@@ -246,13 +242,17 @@ def forget():
 
 @contextlib.contextmanager
 def kept():
-    """Within: every tree keeps the runs it parsed, then all are forgotten (the doctor: many patches read
-    the same few modules; an engine process parses run by run and keeps nothing)."""
+    """Within: every tree keeps the pieces it parsed and the reader its answers (``_locate._memo``), then
+    all are forgotten (the doctor: many patches read the same few modules and distributions; an engine
+    process parses piece by piece and keeps nothing)."""
     global KEEP_RUNS
     outer, KEEP_RUNS = KEEP_RUNS, True
+    memo = _locate._memo.get()
+    token = _locate._memo.set({} if memo is None else memo)
     try:
         yield
     finally:
+        _locate._memo.reset(token)
         KEEP_RUNS = outer
         outer or forget()
 
@@ -332,15 +332,11 @@ def _bindings(statement, name):
         if isinstance(node, _COMPREHENSIONS):  # only := binds outside a comprehension
             found.extend(n for n in ast.walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
             continue
-        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
-            found.append(node)
-        elif isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
-            found.append(node)
-        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name:
-            found.append(node)
-        elif isinstance(node, ast.MatchMapping) and node.rest == name:
-            found.append(node)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+        if (isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
+                or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name
+                or isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name
+                or isinstance(node, ast.MatchMapping) and node.rest == name
+                or isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names):
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
@@ -462,10 +458,9 @@ def function_source(func):
 
 
 def _def_node(func, tree=None):
-    code = func.__code__
+    code, line = func.__code__, func.__code__.co_firstlineno
     if tree is None:
         tree = parse_text(*function_source(func))
-    line = code.co_firstlineno
     for statement in tree.statements(line=line) if isinstance(tree, Module) else tree.body:  # the piece with its line
         for node in ast.walk(statement):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
@@ -479,25 +474,21 @@ def _first_line(statement):
 
 
 def _top_level_imports(tree):
-    """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    names = getattr(tree, "flashfix_imports", None)
-    if names is None:
-        names = _imports_of(tree)
-        if isinstance(tree, Module):  # rewrite() compiles three times: read the module once
-            tree.flashfix_imports = names
-    return names
-
-
-def _imports_of(tree):
+    """Names bound by import statements of the module scope (inside if/try/with, not def/class); a
+    ``Module`` keeps them (rewrite() compiles three times: the module is read once)."""
+    if getattr(tree, "flashfix_imports", None) is not None:
+        return tree.flashfix_imports
     statements = tree.statements(("import",), False) if isinstance(tree, Module) else tree.body  # no def is read
     names, stack = set(), [s for s in statements if not isinstance(s, _DEFS)]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update(alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name != "*")
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        elif not isinstance(node, _DEFS):
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 stack.extend(getattr(node, field, None) or ())
+    if isinstance(tree, Module):
+        tree.flashfix_imports = names
     return names
 
 
