@@ -63,17 +63,18 @@ def _mask(text):
     ``(`` or ``)`` (same length, no newline left in a string); None where the tokens cannot be told
     from the text: a quote that opens no string, or an f-string whose braces, strings in it aside, do
     not balance (PEP 701: Python 3.12 reads ``f"{x["k"]}"`` as one string, where this reads ``f"{x["``)."""
-    out, at = [], 0
-    for m in _LEX.finditer(text):
-        s, e, token = m.start(), m.end(), m.group()
-        if e - s == 1 and token != "#":
-            return None
+    def blank(m):
+        token, s = m.group(), m.start()
+        if token[0] == "#":
+            return " " * len(token)
         bare = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "", token[1:-1]) if "f" in text[max(s - 2, 0):s].lower() else ""
-        if bare.count("{") != bare.count("}"):
-            return None
-        out += [text[at:s], ("\0" if token[0] != "#" else " ") * (e - s)]
-        at = e
-    return "".join(out + [text[at:]]).translate(_OPEN_CLOSE)
+        if len(token) == 1 or bare.count("{") != bare.count("}"):
+            raise _Whole()
+        return "\0" * len(token)
+    try:
+        return _LEX.sub(blank, text).translate(_OPEN_CLOSE)
+    except _Whole:
+        return None
 
 
 def _pieces(text, masked, start, end, indent, line):
@@ -268,6 +269,19 @@ def module_ast(modname, modules=None):
     return parse_text(found.text, found.origin)
 
 
+def walk(node):
+    """``ast.walk``: every node under ``node``, breadth first, in the same order, without two generators per node."""
+    todo = [node]
+    for node in todo:
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, ast.AST):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend([item for item in value if isinstance(item, ast.AST)])
+        yield node
+
+
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _SCOPES = _DEFS + (ast.Lambda,)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -330,7 +344,7 @@ def _bindings(statement, name):
         if isinstance(node, ast.AnnAssign) and node.value is None:  # ``x: T`` alone binds nothing
             continue
         if isinstance(node, _COMPREHENSIONS):  # only := binds outside a comprehension
-            found.extend(n for n in ast.walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
+            found.extend(n for n in walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
             continue
         if (isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
                 or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name
@@ -357,7 +371,7 @@ def binds(modname, name, depth=0, tree=None):
         if _bindings(statement, name):
             return True
         if star and not isinstance(statement, _DEFS):  # no def or class body holds a star import
-            stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
+            stars += [n for n in walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
     package = modname.split(".")[:None if (module_file(modname) or "").endswith("__init__.py") else -1]
     return any(binds(".".join((package[:len(package) + 1 - star.level] if star.level else []) + [star.module] * bool(
         star.module)), name, depth + 1) for star in stars)
@@ -365,13 +379,13 @@ def binds(modname, name, depth=0, tree=None):
 
 def method_calls(node, attr):
     """Every call ``<expr>.attr(...)`` inside ``node``."""
-    return [n for n in ast.walk(node)
+    return [n for n in walk(node)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr]
 
 
 def name_calls(node, name):
     """Every call ``name(...)`` inside ``node``."""
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
+    return [n for n in walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
 
 
 def keywords(call):
@@ -393,13 +407,13 @@ def marker(site):
 
 def statement_of(func_def, inner):
     """``(block, index)``: the innermost statement of ``func_def`` that contains node ``inner``."""
-    for parent in ast.walk(func_def):
+    for parent in walk(func_def):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(parent, field, None)
             if not isinstance(block, list):
                 continue
             for index, child in enumerate(block):
-                if child is inner or any(n is inner for n in ast.walk(child)):
+                if child is inner or any(n is inner for n in walk(child)):
                     if isinstance(child, ast.stmt) and not _contains_block(child, inner):
                         return block, index
     raise ShapeError("no statement of %s contains the node" % getattr(func_def, "name", "the function"))
@@ -414,7 +428,7 @@ def insert_before(func_def, inner, stmt):
 
 def replace_node(root, old, new):
     """Put ``new`` where ``old`` is inside ``root`` (one place, by identity)."""
-    for parent in ast.walk(root):
+    for parent in walk(root):
         for field, value in ast.iter_fields(parent):
             if value is old:
                 setattr(parent, field, ast.copy_location(new, old))
@@ -430,7 +444,7 @@ def replace_node(root, old, new):
 def _contains_block(stmt, inner):
     for field in ("body", "orelse", "finalbody", "handlers"):
         for child in getattr(stmt, field, None) or ():
-            if child is inner or any(n is inner for n in ast.walk(child)):
+            if child is inner or any(n is inner for n in walk(child)):
                 return True
     return False
 
@@ -462,7 +476,7 @@ def _def_node(func, tree=None):
     if tree is None:
         tree = parse_text(*function_source(func))
     for statement in tree.statements(line=line) if isinstance(tree, Module) else tree.body:  # the piece with its line
-        for node in ast.walk(statement):
+        for node in walk(statement):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
                 if _first_line(node) == line or node.lineno == line:  # a decorated def too
                     return node
@@ -549,7 +563,7 @@ def _compile(func, def_node, tree):
         )
         body = [outer]
     module = ast.Module(body=_imported_at_top(tree) + body, type_ignores=[])
-    for n in ast.walk(module):
+    for n in walk(module):
         if not hasattr(n, "lineno") or n.lineno is None:
             ast.copy_location(n, def_node)
     ast.fix_missing_locations(module)
