@@ -656,13 +656,10 @@ _memo = contextvars.ContextVar("flashfix_memo", default=None)  # within source.k
 
 
 def _asked(r, question, name, ask):
-    memo = _memo.get()
-    if memo is None:
-        return ask(name)
-    key = (id(r), question, name)  # the reader lives as long as the memo (the doctor's run)
-    if key not in memo:
+    memo, key = _memo.get(), (id(r), question, name)  # the reader lives as long as the memo (the doctor's run)
+    if memo is not None and key not in memo:
         memo[key] = ask(name)
-    return memo[key]
+    return ask(name) if memo is None else memo[key]
 
 
 def find(name):

@@ -1,12 +1,12 @@
 """Reading engine source without importing it, and recompiling one function with an edit.
 
-Shape probes read a module's source through the current reader (``_locate``: by default
-the import system's own finders, which import nothing) and ``ast``: a module is parsed by
-Python's own parser, in the pieces a probe needs (``Module``), so what a probe reads as code is
-what Python runs (never the inside of a string or comment). The same reading serves ``flashfix doctor`` (engine not imported) and the
-runtime gate (engine imported), so both decide from the same facts. A definition is the one
-Python binds (``find_def``: the last one of its scope). Parsed trees live only while patches
-are being decided (``forget()``), so no engine process keeps them.
+Shape probes read a module's source through the current reader (``_locate``: by default the
+import system's own finders, which import nothing) and ``ast``: Python's own parser parses the
+pieces a probe needs (``Module``), so what a probe reads as code is what Python runs (never the
+inside of a string or comment). The same reading serves ``flashfix doctor`` (engine not
+imported) and the runtime gate (engine imported), so both decide from the same facts. A
+definition is the one Python binds (``find_def``: the last one of its scope). Parsed trees live
+only while patches are being decided (``forget()``), so no engine process keeps them.
 
 ``rewrite()`` is how a patch changes a line inside an engine function: the function's own
 source is parsed, recompiled unedited and compared with the loaded code object tree (if
@@ -101,14 +101,13 @@ def _pieces(text, masked, start, end, indent, line):
 class Module(ast.Module):
     """``ast.Module`` of ``text``, read by Python's own parser piece by piece (``statements()``).
 
-    The text is cut where Python starts a top-level statement (``_pieces``, with the strings,
-    comments and brackets found as Python's tokenizer finds them), a class also where a statement
-    of its body starts, and each piece is parsed alone with the file's lines and columns. A lookup
-    parses only the pieces that can bind the name it looks up: a ``def`` or ``class`` binds its own
-    name only, any other piece must spell the name. So what is parsed grows with what is read, not
-    with the file. Where the text leaves a doubt (a quote that opens no string, an f-string that may
-    nest its quotes, brackets that do not balance, a bare CR, identifiers not in NFKC form) or a
-    piece does not parse alone, the file is parsed whole. ``body`` is every statement."""
+    The text is cut where Python starts a top-level statement, a class also where a statement of
+    its body starts (``_pieces``: strings, comments and brackets found as Python's tokenizer finds
+    them), and a lookup parses alone, with the file's lines and columns, only the pieces that can
+    bind its name (a ``def`` or ``class`` binds its own name only; any other piece must spell it).
+    Where the text leaves a doubt (a quote that opens no string, an f-string that may nest its
+    quotes, unbalanced brackets, a bare CR, names not in NFKC form) or a piece does not parse
+    alone, the file is parsed whole. ``body`` is every statement."""
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
@@ -159,12 +158,11 @@ class Module(ast.Module):
             return self.body
 
     def _select(self, pieces, words, line):
-        text = self.flashfix_text
         for i, (start, end, first, head) in enumerate(pieces):
             if line is not None and not first <= line < (pieces[i + 1][2] if i + 1 < len(pieces) else line + 1):
                 continue
-            defines = _HEAD.match(text, head)
-            if words is None or any(text.find(w, start, end) >= 0 for w in words) and (
+            defines = _HEAD.match(self.flashfix_text, head)
+            if words is None or any(self.flashfix_text.find(w, start, end) >= 0 for w in words) and (
                     defines is None or defines.group(2) in words):
                 yield pieces[i]
 
@@ -178,11 +176,9 @@ class Module(ast.Module):
         return [node]
 
     def _keep(self, key, compute, *args):
-        if key not in self._kept:
-            if not KEEP_RUNS:
-                return compute(*args)
-            self._kept[key] = compute(*args)
-        return self._kept[key]
+        if key in self._kept or not KEEP_RUNS:
+            return self._kept[key] if key in self._kept else compute(*args)
+        return self._kept.setdefault(key, compute(*args))
 
     def _parse(self, piece, inner):
         """The statements of ``piece`` (``inner``: of a class body, parsed under an ``if 1:`` line
@@ -248,8 +244,7 @@ def kept():
     process parses piece by piece and keeps nothing)."""
     global KEEP_RUNS
     outer, KEEP_RUNS = KEEP_RUNS, True
-    memo = _locate._memo.get()
-    token = _locate._memo.set({} if memo is None else memo)
+    token = _locate._memo.set(_locate._memo.get() if outer else {})  # an outer kept() set one
     try:
         yield
     finally:
@@ -408,14 +403,10 @@ def marker(site):
 def statement_of(func_def, inner):
     """``(block, index)``: the innermost statement of ``func_def`` that contains node ``inner``."""
     for parent in walk(func_def):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if not isinstance(block, list):
-                continue
-            for index, child in enumerate(block):
-                if child is inner or any(n is inner for n in walk(child)):
-                    if isinstance(child, ast.stmt) and not _contains_block(child, inner):
-                        return block, index
+        for block in (getattr(parent, field, None) for field in ("body", "orelse", "finalbody")):
+            for index, child in enumerate(block if isinstance(block, list) else ()):
+                if isinstance(child, ast.stmt) and any(n is inner for n in walk(child)) and not _contains_block(child, inner):
+                    return block, index
     raise ShapeError("no statement of %s contains the node" % getattr(func_def, "name", "the function"))
 
 
@@ -442,11 +433,8 @@ def replace_node(root, old, new):
 
 
 def _contains_block(stmt, inner):
-    for field in ("body", "orelse", "finalbody", "handlers"):
-        for child in getattr(stmt, field, None) or ():
-            if child is inner or any(n is inner for n in walk(child)):
-                return True
-    return False
+    return any(n is inner for field in ("body", "orelse", "finalbody", "handlers")
+               for child in getattr(stmt, field, None) or () for n in walk(child))
 
 
 def function_source(func):
