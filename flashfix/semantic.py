@@ -406,10 +406,10 @@ class Rule:
 
     def _stray(self, scopes, found):
         """Under ``every``: a call of the pattern's first callee outside every match, or None."""
-        head = next((n for n in walk(self.before) if isinstance(n, ast.Call)), None)
+        head = next((ast.dump(n.func) for n in walk(self.before) if isinstance(n, ast.Call)), None)
         inside = {id(x) for n, _ in found for x in walk(n)}
         return next((c for s in scopes for c in walk(s) if head is not None and isinstance(c, ast.Call)
-                     and ast.dump(c.func) == ast.dump(head.func) and id(c) not in inside), None)
+                     and id(c) not in inside and ast.dump(c.func) == head), None)
 
     def _say(self, text, func, node, b, **more):
         return text.format(line=node.lineno, name=getattr(func, "name", self.name),

@@ -349,3 +349,10 @@ def test_a_scope_read_in_pieces_is_walked_only_where_it_spells_the_patterns_name
     assert find(p, [plain]) == [] and plain in walked
     spelled = _source.find_def(_source.Module(text.replace("w.forward", "w.\uff46orward"), "<t>"), "A.f")
     assert len(find(p, [spelled])) == 1
+
+
+def test_the_matchers_walk_is_ast_walk():
+    """``source.walk`` (the matcher's: no generator per node) gives ``ast.walk``'s nodes in its order."""
+    for tree in (ast.parse(installed("0.5.17", "sglang.srt.layers.attention.flashinfer_backend")),
+                 pattern("f($A, **$$$K)\nx.y = [1, 2]")):  # a Block of statements too
+        assert [id(n) for n in _source.walk(tree)] == [id(n) for n in ast.walk(tree)]
