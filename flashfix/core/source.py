@@ -71,10 +71,8 @@ def _mask(text):
         if len(token) == 1 or bare.count("{") != bare.count("}"):
             raise _Whole()
         return "\0" * len(token)
-    try:
+    with contextlib.suppress(_Whole):  # else None
         return _LEX.sub(blank, text).translate(_OPEN_CLOSE)
-    except _Whole:
-        return None
 
 
 def _pieces(text, masked, start, end, indent, line):
@@ -291,9 +289,8 @@ def find_def(tree, qualname):
     an import, ``del``...)."""
     parts = qualname.split(".")
     if isinstance(tree, Module):
-        text = tree.flashfix_text  # no definition can bind a name never spelled (its NFKC form is what Python reads)
-        if unicodedata.is_normalized("NFKC", text) and any(part not in text for part in parts):
-            return None
+        if any(part not in tree.flashfix_text for part in parts) and unicodedata.is_normalized("NFKC", tree.flashfix_text):
+            return None  # no definition can bind a name never spelled (in the NFKC form Python reads names)
         statements = tree.statements((parts[0],), parts[1] if len(parts) > 1 else None)  # a class: the member's pieces
         tree = ast.Module(body=[s for s in statements if _binds(s, parts[0])], type_ignores=[])
     node = tree
