@@ -394,28 +394,3 @@ def test_a_pattern_of_several_lines_reads_as_lines_in_the_doctors_table(tmp_path
     assert lines[row].split()[1:4] == ["sglang", "0.5.17", "patch"], lines[row]
     assert lines[row].endswith("has the pre-fix form `if decode_backend.is_triton():")
     assert lines[row + 1:row + 4] == [" " * column + "    $$$T", " " * column + "else:", " " * column + "    $$$E`"]
-
-
-def test_only_the_first_distribution_of_a_name_on_sys_path_lists_packs(tmp_path):
-    """``installed()`` parses only the entry points of distributions whose ``entry_points.txt`` names the
-    group, yet as ``entry_points(group=...)`` does, a name's first distribution on ``sys.path`` is the
-    one read: a second copy further down (here the only one that declares a pack) is not."""
-    for folder, version, entries in (("first", "2.0", "[console_scripts]\nx = m:f\n"),
-                                     ("second", "1.0", "[flashfix.patches]\nvllm = shadowed_pack\n"),
-                                     ("other", "1.0", "[flashfix.patches]\nsglang = other_pack\n")):
-        info = tmp_path / folder / ("%s-%s.dist-info" % ("other-pack" if folder == "other" else "my-pack", version))
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (
-            "other-pack" if folder == "other" else "My_Pack", version))
-        (info / "entry_points.txt").write_text(entries)
-    (results,), _ = run_py('''
-        import sys
-        sys.path[1:1] = %r
-        from importlib import metadata
-        from flashfix.core import packs
-        listed = [e for e in packs.installed() if e.dist != "flashfix"]
-        expected = [(ep.name, ep.value) for ep in metadata.entry_points(group=packs.GROUP) if ep.dist.name != "flashfix"]
-        report(listed=[(e.name, e.value, e.dist) for e in listed], expected=expected)
-    ''' % [str(tmp_path / f) for f in ("first", "second", "other")])
-    assert results["listed"] == [["sglang", "other_pack", "other-pack"]], results
-    assert [tuple(x) for x in results["expected"]] == [tuple(e[:2]) for e in results["listed"]]

@@ -70,11 +70,8 @@ def installed():
     if not _installed_cache:
         from importlib import metadata
 
-        seen = set()  # as entry_points(group=GROUP), the first distribution of a name on sys.path, but only those
-        dists = [d for d in metadata.distributions() if d._normalized_name not in seen and not seen.add(d._normalized_name)]
-        eps = [ep for d in dists if GROUP in (d.read_text("entry_points.txt") or "") for ep in d.entry_points.select(group=GROUP)]
         _installed_cache.append(_merge([Entry(ep.name, ep.name, ep.value, getattr(getattr(ep, "dist", None), "name", None))
-                                        for ep in eps]))  # that name the group are parsed (3.5 ms less in vLLM's env)
+                                        for ep in metadata.entry_points(group=GROUP)]))
     return _installed_cache[0]
 
 
