@@ -44,7 +44,6 @@ arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; mo
 import ast
 import builtins
 import copy
-import difflib
 import functools
 import importlib
 import re
@@ -54,7 +53,7 @@ from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
-from flashfix.core.source import ShapeError
+from flashfix.core.source import ShapeError, walk
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 _DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
@@ -165,17 +164,23 @@ def _match_call(p, t, b):
 
 def find(p, scopes, given=None):
     """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
-    starting from ``given``."""
-    found = []
-    for scope in scopes:  # a class body or a module: its own statements, not those of its defs
-        for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in ast.walk(s)] if (
-                isinstance(scope, (ast.ClassDef, ast.Module))) else ast.walk(scope):
+    starting from ``given``. A scope whose text (``flashfix_piece``: read from a module in pieces)
+    does not spell every name ``p`` spells holds no match: it is not walked."""
+    found, needs, kind = [], getattr(p, "flashfix_needs", None), None if isinstance(p, Block) or _meta(p) else type(p)
+    if needs is None:  # names, attributes, keywords: the code spells each one a match has (its names are NFKC)
+        needs = p.flashfix_needs = {w for n in walk(p) if not isinstance(n, ast.Constant) for w in words(n)
+                                    if w.isidentifier() and not w.startswith((ONE, MANY))}
+    for scope in [s for s in scopes if all(w in getattr(s, "flashfix_piece", w) for w in needs)]:
+        for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in walk(s)] if (
+                isinstance(scope, (ast.ClassDef, ast.Module))) else walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``
                 for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
                     for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
                         b = dict(given or {})
                         if all(match(x, y, b) for x, y in zip(p.body, block[i:])):
                             found.append((Block(block[i:i + len(p.body)], (block, i)), b))
+                continue
+            if kind is not None and type(node) is not kind:  # what match() would refuse first
                 continue
             b = dict(given or {})
             if match(p, node, b) and all(node is not n for n, _ in found):
@@ -239,7 +244,7 @@ def _spell(src, template, b, spell, marked):
 
     text = _render.Writer(_render._lines(src))
     first, last = text.at(template.lineno, template.col_offset), text.at(template.end_lineno, template.end_col_offset)
-    names = {text.at(n.lineno, n.col_offset): (n, p) for p in ast.walk(template) for n in ast.iter_child_nodes(p)
+    names = {text.at(n.lineno, n.col_offset): (n, p) for p in walk(template) for n in ast.iter_child_nodes(p)
              if isinstance(n, ast.Name)}
     out, position = [], first
     for found in re.compile(r"(\*\*)?(__ffx_1_|__ffx_n_)(\w+)").finditer(src, first, last):
@@ -337,7 +342,7 @@ class Rule:
             re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)])]  # upstream's form has no $RAN marker line
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.every = every
-        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in ast.walk(self.after))
+        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in walk(self.after))
         self.fixed = fixed or "%s has the fixed form `{form}`" % self.name
         self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (self.name, _show(
             before.value if isinstance(before, ast.Expr) else before))
@@ -392,7 +397,7 @@ class Rule:
                 return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
                     _show(self.before), node.lineno, self.name, len(context), _show(self.where),
                     "whose bindings differ" if len(context) == 1 else "(expected one)"))
-            twice = [k.arg for c in ast.walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
+            twice = [k.arg for c in walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
                      for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
             if twice:
                 return None, Shape(UNKNOWN, "`%s` (line %d) already passes %s" % (
@@ -401,10 +406,10 @@ class Rule:
 
     def _stray(self, scopes, found):
         """Under ``every``: a call of the pattern's first callee outside every match, or None."""
-        head = next((n for n in ast.walk(self.before) if isinstance(n, ast.Call)), None)
-        inside = {id(x) for n, _ in found for x in ast.walk(n)}
-        return next((c for s in scopes for c in ast.walk(s) if head is not None and isinstance(c, ast.Call)
-                     and ast.dump(c.func) == ast.dump(head.func) and id(c) not in inside), None)
+        head = next((ast.dump(n.func) for n in walk(self.before) if isinstance(n, ast.Call)), None)
+        inside = {id(x) for n, _ in found for x in walk(n)}
+        return next((c for s in scopes for c in walk(s) if head is not None and isinstance(c, ast.Call)
+                     and id(c) not in inside and ast.dump(c.func) == head), None)
 
     def _say(self, text, func, node, b, **more):
         return text.format(line=node.lineno, name=getattr(func, "name", self.name),
@@ -421,7 +426,7 @@ class Rule:
                 owner.name if owner is not None else self.module, self.word, self.module))
         p = self.before.body[0] if isinstance(self.before, Block) else self.before
         p = p.value if isinstance(p, ast.Expr) else p
-        near = [n for s in scopes for n in ast.walk(s) if type(n) is type(p)
+        near = [n for s in scopes for n in walk(s) if type(n) is type(p)
                 and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
         where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
         if not near:
@@ -474,20 +479,22 @@ def _free_names(news, func):
     """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
     lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
     bound = set()
-    for n in (n for root in [func] + news for n in ast.walk(root)):
+    for n in (n for root in [func] + news for n in walk(root)):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             bound.add(n.id)
         elif isinstance(n, (ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)):
             bound.add(getattr(n, "arg", None) or n.name)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             bound.update((a.asname or a.name).split(".")[0] for a in n.names)
-    return {n.id for new in news for n in ast.walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    return {n.id for new in news for n in walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
             and n.id not in bound and not hasattr(builtins, n.id) and n.id != _source.MARK_NAME}
 
 
 def _mention(tree, word):
     """The first node of ``tree`` that spells ``word`` (any case) in a name or string, or None."""
-    return next((n for n in ast.walk(tree) if any(word.lower() in w.lower() for w in words(n))), None)
+    if isinstance(tree, _source.Module) and tree.unspelled(word):  # a module: parsed only where it may spell it
+        return None
+    return next((n for n in walk(tree) if any(word.lower() in w.lower() for w in words(n))), None)
 
 
 class Declaration:
@@ -507,7 +514,7 @@ class Declaration:
         for modname, qualname in self.sites:
             found = _locate.find(modname)
             try:
-                node = found is not None and found.text is not None and _target(_source.Module(found.text, found.origin), qualname)
+                node = found is not None and found.text is not None and _target(_source.parse_text(found.text, found.origin), qualname)
             except (ShapeError, SyntaxError, ValueError):
                 node = True  # defined, but not readably: the probe says why
             defining += [modname] if node else []
@@ -652,6 +659,8 @@ class Declaration:
 def _body(tree, node, edit, runs=True):
     """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
     ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text)."""
+    import difflib
+
     from flashfix.core import render as _render
 
     edited, lines, old, versions = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)

@@ -332,3 +332,27 @@ def test_sites_give_every_hunk_its_function_per_layout():
         assert patch.rule.shape(dict(trees, **{layout: ast.parse(fixed)}).get)[0].kind == _registry.FIXED
         derived = semantic.derive_prefix(patch, fixed)  # both hunks turned back (a tuple re-rendered in parentheses)
         assert ast.dump(ast.parse(derived)) == ast.dump(ast.parse(text)), derived
+
+
+def test_a_scope_read_in_pieces_is_walked_only_where_it_spells_the_patterns_names(monkeypatch):
+    """``find`` walks no function whose text lacks a name the pattern spells (not its metavariables),
+    and a module whose names are not in NFKC form (read whole: its functions carry no text) is walked:
+    ``self.w.\\uff46orward`` is ``self.w.forward`` to Python. Before the NFKC rule: no match found."""
+    walked = []
+    real = semantic.walk
+    monkeypatch.setattr(semantic, "walk", lambda node: walked.append(node) or real(node))
+    p = pattern("$O.forward($X, **$$$KW)")
+    text = "class A:\n    def f(self):\n        return self.w.forward(q, s=1)\n    def g(self):\n        return self.w(q)\n"
+    f, g = (_source.find_def(_source.Module(text, "<t>"), q) for q in ("A.f", "A.g"))
+    assert len(find(p, [f])) == 1 and find(p, [g]) == [] and g not in walked and f in walked
+    plain = _source.find_def(ast.parse(text), "A.g")  # no text: walked
+    assert find(p, [plain]) == [] and plain in walked
+    spelled = _source.find_def(_source.Module(text.replace("w.forward", "w.\uff46orward"), "<t>"), "A.f")
+    assert len(find(p, [spelled])) == 1
+
+
+def test_the_matchers_walk_is_ast_walk():
+    """``source.walk`` (the matcher's: no generator per node) gives ``ast.walk``'s nodes in its order."""
+    for tree in (ast.parse(installed("0.5.17", "sglang.srt.layers.attention.flashinfer_backend")),
+                 pattern("f($A, **$$$K)\nx.y = [1, 2]")):  # a Block of statements too
+        assert [id(n) for n in _source.walk(tree)] == [id(n) for n in ast.walk(tree)]

@@ -652,11 +652,21 @@ def _note(entry):
         files.append(entry)
 
 
+_memo = contextvars.ContextVar("flashfix_memo", default=None)  # within source.kept(): the readers' answers
+
+
+def _asked(r, question, name, ask):
+    memo, key = _memo.get(), (id(r), question, name)  # the reader lives as long as the memo (the doctor's run)
+    if memo is not None and key not in memo:
+        memo[key] = ask(name)
+    return ask(name) if memo is None else memo[key]
+
+
 def find(name):
     r = reader()
-    found = r.find(name)
+    found = _asked(r, "find", name, r.find)
     if found is not None and _recording.get() is not None:
-        sha = _sha256_of(found)
+        sha = _asked(r, "sha256", name, lambda _: _sha256_of(found))
         if sha is not None:
             entry = {"module": name, "file": found.origin, "sha256": sha}
             entry.update(provenance_of(r, found))
@@ -666,10 +676,10 @@ def find(name):
 
 def version(dist):
     r = reader()
-    value = r.version(dist)
+    value = _asked(r, "version", dist, r.version)
     if value is not None and _recording.get() is not None:
         source = getattr(r, "version_source", None)
-        where = source(dist) if source is not None else None
+        where = _asked(r, "version_source", dist, source) if source is not None else None
         if where is not None:
             entry = {"distribution": dist, "version": value, "file": where[0], "sha256": where[1]}
             if isinstance(r, (ZipReader, Composite)):

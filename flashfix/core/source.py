@@ -1,12 +1,12 @@
 """Reading engine source without importing it, and recompiling one function with an edit.
 
-Shape probes read a module's source through the current reader (``_locate``: by default
-the import system's own finders, which import nothing) and ``ast``: a module is parsed whole,
-by Python's own parser, so what a probe reads as code is what Python runs (never the inside of
-a string or comment). The same reading serves ``flashfix doctor`` (engine not imported) and the
-runtime gate (engine imported), so both decide from the same facts. A definition is the one
-Python binds (``find_def``: the last one of its scope). Parsed trees live only while patches
-are being decided (``forget()``), so no engine process keeps them.
+Shape probes read a module's source through the current reader (``_locate``: by default the
+import system's own finders, which import nothing) and ``ast``: Python's own parser parses the
+pieces a probe needs (``Module``), so what a probe reads as code is what Python runs (never the
+inside of a string or comment). The same reading serves ``flashfix doctor`` (engine not
+imported) and the runtime gate (engine imported), so both decide from the same facts. A
+definition is the one Python binds (``find_def``: the last one of its scope). Parsed trees live
+only while patches are being decided (``forget()``), so no engine process keeps them.
 
 ``rewrite()`` is how a patch changes a line inside an engine function: the function's own
 source is parsed, recompiled unedited and compared with the loaded code object tree (if
@@ -22,8 +22,8 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 import ast
 import contextlib
 import copy
-import itertools
 import re
+import unicodedata
 
 from flashfix.core import locate as _locate
 
@@ -42,35 +42,80 @@ def module_file(modname, modules=None):
 SOURCELESS = "sourceless"  # module_ast's answer for a module that exists but has no source
 
 _parsed = {}  # (origin, text) -> tree; dropped by forget() once a module's patches are decided
-KEEP_RUNS = False  # True: a tree keeps its parsed runs until forget() (the doctor; an engine process keeps none)
+KEEP_RUNS = False  # True: a tree keeps the pieces it parsed until forget() (the doctor; an engine process keeps none)
 
 
-# A line that may start a top-level statement: at column 0, not blank, a comment, a closing
-# bracket or a clause that continues a statement above (else, elif, except, finally).
-_CUT = re.compile(r"^(?![\s#)\]}]|(?:else|elif|except|finally)\b)", re.M)
-_CLASS = re.compile(r"class\b|@")  # a statement that may be a class (the parser decides: _split_class)
-CHUNK_LINES = 200  # a run of top-level statements parsed at once holds at least this many lines
+# Comments and strings as Python's tokenizer reads them (a quote that opens no string: one character).
+_LEX = re.compile(r"#[^\r\n]*|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''|\"\"\"[^\"\\]*(?:(?:\\[\s\S]|\"(?!\"\"))[^\"\\]*)*\"\"\""
+                  r"|'[^'\\\r\n]*(?:\\(?:\r\n|[\s\S])[^'\\\r\n]*)*'|\"[^\"\\\r\n]*(?:\\(?:\r\n|[\s\S])[^\"\\\r\n]*)*\"|['\"]")
+_HEAD = re.compile(r"(?:async[ \t]+)?(def|class)[ \t]+(\w+)")  # a statement that binds this one name
+_BODY = re.compile(r"^(?:[ \t]*\f)*([ \t]+)\S", re.M)  # a line's indentation (a form feed resets it)
+_OPEN_CLOSE = str.maketrans("[]{}", "()()")
+_BRACKET = re.compile(r"[():]")  # in masked text (brackets written as parentheses)
+
+
+class _Whole(Exception):
+    """A piece did not parse alone: the file is read whole (whose SyntaxError is Python's own)."""
+
+
+def _mask(text):
+    """``text`` with each string blanked to NULs, each comment to spaces and every bracket written
+    ``(`` or ``)`` (same length, no newline left in a string); None where the tokens cannot be told
+    from the text: a quote that opens no string, or an f-string whose braces, strings in it aside, do
+    not balance (PEP 701: Python 3.12 reads ``f"{x["k"]}"`` as one string, where this reads ``f"{x["``)."""
+    def blank(m):
+        token, s = m.group(), m.start()
+        if token[0] == "#":
+            return " " * len(token)
+        bare = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "", token[1:-1]) if "f" in text[max(s - 2, 0):s].lower() else ""
+        if len(token) == 1 or bare.count("{") != bare.count("}"):
+            raise _Whole()
+        return "\0" * len(token)
+    with contextlib.suppress(_Whole):  # else None
+        return _LEX.sub(blank, text).translate(_OPEN_CLOSE)
+
+
+def _pieces(text, masked, start, end, indent, line):
+    """``[[start, end, line, head]]``: each statement at ``indent`` in ``text[start:end]`` (whose
+    first line, ``line``, starts at ``start``), decorators with it (``head``: where its keyword is);
+    None where the brackets do not balance. As Python's tokenizer has it, a statement starts on a line
+    at ``indent`` outside strings and brackets, not after a backslash, and not an ``else``-like clause."""
+    cut = re.compile(r"\n(?:[ \t]*\f)*%s(?![\s)]|(?:else|elif|except|finally)\b)" % re.escape(indent))
+    found, depth, at = [], 0, start
+    for m in cut.finditer("\n" + masked, start, end + 1):  # one newline first: offsets in it are one more
+        p, head = m.start(), m.end() - 1
+        depth, line, at = depth + masked.count("(", at, p) - masked.count(")", at, p), line + text.count("\n", at, p), p
+        if depth or masked.endswith(("\\\n", "\\\r\n"), start, at):
+            continue
+        if found and masked[found[-1][3]] == "@":  # after a decorator: the same statement
+            found[-1][3] = head
+        else:
+            found.append([at, end, line, head])
+    for piece, after in zip(found, found[1:]):
+        piece[1] = after[0]
+    return found if depth + masked.count("(", at, end) - masked.count(")", at, end) == 0 else None
 
 
 class Module(ast.Module):
-    """``ast.Module`` of ``text``, read by Python's own parser, run by run (``runs()``).
+    """``ast.Module`` of ``text``, read by Python's own parser piece by piece (``statements()``).
 
-    A run of top-level statements is parsed alone, starting where the run before it ended.
-    That is sound: the run before parsed completely, so its end is not inside a string,
-    brackets or a backslash continuation, and the next line, at column 0 and no ``else``-like
-    clause, starts a new statement, exactly as in the whole file (where a run does not parse,
-    it is extended to the next cut, and finally to the end). So a probe keeps only the
-    statements it needs (memory grows with a run, not the file), and ``find_def`` stops once
-    the rest of the text never spells the name looked up. ``body`` is every run."""
+    The text is cut where Python starts a top-level statement, a class also where a statement of
+    its body starts (``_pieces``: strings, comments and brackets found as Python's tokenizer finds
+    them), and a lookup parses alone, with the file's lines and columns, only the pieces that can
+    bind its name (a ``def`` or ``class`` binds its own name only; any other piece must spell it).
+    Where the text leaves a doubt (a quote that opens no string, an f-string that may nest its
+    quotes, unbalanced brackets, a bare CR, names not in NFKC form) or a piece does not parse
+    alone, the file is parsed whole. ``body`` is every statement."""
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
-        self.flashfix_text, self.flashfix_origin, self._body, self._kept = text, origin, None, None
+        self.flashfix_text, self.flashfix_origin, self._body, self._top, self._kept = text, origin, None, None, {}
+        self._file = origin or "<unknown>"
 
     @property
     def body(self):
         if self._body is None:
-            self._body = [statement for _, run in self.runs() for statement in run]
+            self._body = self.statements() if self._pieces() else ast.parse(self.flashfix_text, self._file).body
         return self._body
 
     @body.setter
@@ -80,149 +125,95 @@ class Module(ast.Module):
     def __reduce__(self):  # copy, deepcopy, pickle: a plain ast.Module
         return ast.Module, (), {"body": self.body, "type_ignores": self.type_ignores}
 
-    def runs(self, keep=None):
-        """``(end, statements)`` for each run of top-level statements, in order; ``end`` is
-        the offset in the text where the run ends. SyntaxError if the text does not parse.
+    def _pieces(self):
+        if self._top is None:
+            text = self.flashfix_text
+            masked = self._masked = _mask(text) if text.count("\r") == text.count("\r\n") else None
+            plain = masked is not None and unicodedata.is_normalized("NFKC", masked)  # names spelled as Python reads them
+            self._top = plain and _pieces(text, masked, 0, len(text), "", 1) or False
+        return self._top
 
-        A top-level class longer than ``CHUNK_LINES`` is parsed in runs of its own body
-        (``_split_class``), so the parser never holds a whole long class at once. With
-        ``keep(class_node, statement)``, such a class keeps only the body statements that
-        ``keep`` accepts (its other attributes, line and column included, are the whole
-        file's): a probe that looks up one method keeps that method, not the class."""
-        if self._body is not None:
-            yield len(self.flashfix_text), self._body
-            return
-        if not KEEP_RUNS:
-            return (yield from self._runs(keep))
-        if self._kept is None:  # the doctor: each run parsed once, whole, for every patch that reads it
-            self._kept, self._more = [], self._runs(None)
-        for i in itertools.count():
-            if i == len(self._kept):
-                try:
-                    self._kept.append(next(self._more, None))
-                except (SyntaxError, ValueError) as exc:  # raised to every reader, not only the first
-                    self._kept.append(exc)
-            if isinstance(self._kept[i], Exception):
-                raise self._kept[i]
-            if self._kept[i] is None:
-                return
-            yield self._kept[i]
+    def unspelled(self, word):
+        """True where no name or string here can spell ``word`` (an ASCII identifier, any case): names are
+        in NFKC form (as Python reads them), no string escape writes a letter or joins lines, and the
+        word is neither in the text nor in its strings' text run together (``"ab" "c"`` is ``"abc"``)."""
+        text, word = self.flashfix_text, word.lower()
+        if not (word.isascii() and word.isidentifier()) or word in text.lower() or not self._pieces():
+            return False
+        strings = "".join(text[m.start():m.end()] for m in re.finditer("\0+", self._masked))
+        return not re.search(r"\\[xuUN0-7\r\n]", strings) and word not in re.sub("['\"]", "", strings).lower()
 
-    def _runs(self, keep):
-        text, origin = self.flashfix_text, self.flashfix_origin or "<unknown>"
-        cuts, line, at = [], 1, 0
-        for match in _CUT.finditer(text):
-            line += text.count("\n", at, match.start())
-            at = match.start()
-            cuts.append((at, line))
-        lines = line + text.count("\n", at)
-
-        def long_class(at, line, k):  # may the statement at ``at`` be a class longer than CHUNK_LINES?
-            if not _CLASS.match(text, at):
-                return False
-            if text.startswith("@", at):  # its decorators, then its own line
-                while k < len(cuts) and text.startswith("@", cuts[k][0]):
-                    k += 1
-                k += 1
-            return (cuts[k][1] if k < len(cuts) else lines) - line > CHUNK_LINES
-
-        start, line, k = 0, 1, 0
-        while start < len(text):
-            while k < len(cuts) and cuts[k][1] <= line:
-                k += 1
-            if long_class(start, line, k):
-                split = _split_class(text, origin, start, line, cuts[k:], keep)
-                if split is not None:  # one long class, read in runs of its body
-                    node, start, line = split
-                    yield start, [node]
-                    continue
-            while k < len(cuts) and cuts[k][1] < line + CHUNK_LINES and not long_class(*cuts[k], k + 1):
-                k += 1  # a run ends before a long class, which is read in runs of its own
-            for attempt in range(4):
-                end, next_line = cuts[k] if k < len(cuts) and attempt < 3 else (len(text), None)
-                try:
-                    run = ast.parse("\n" * (line - 1) + text[start:end], filename=origin).body
-                    break
-                except (SyntaxError, ValueError):
-                    if end == len(text):
-                        raise
-                    k += 1
-            yield end, run
-            start, line = end, next_line
-
-
-CLASS_CHUNK_LINES = 100  # a run of a long class's body statements parsed at once holds at least this many lines
-
-
-def _split_class(text, origin, start, line, ends, keep):
-    """``(class_node, end, next_line)``: the class whose statement starts at offset ``start``
-    (line ``line``), read in runs of its body statements, and where it ends (one of ``ends``,
-    the ``(offset, line)`` of later lines at column 0 that may start a top-level statement);
-    None where the statement is not a class read that way (the caller parses it whole).
-
-    Sound for the same reason as a module's runs: each run parsed completely, so it does
-    not end inside a string, brackets or a backslash continuation, and the next line, at
-    the body's own indentation (checked against the first body statement, as the parser
-    read it) and no ``else``-like clause, starts a statement of the class body, exactly as
-    in the whole file; a run that ends before one of ``ends`` ends the class there. A body
-    run is parsed under an ``if 1:`` line placed just above it, so every line and column is
-    the file's; it must give that one ``if`` and nothing else (a statement at column 0
-    would end the class, an ``else:`` would join the ``if``)."""
-    first = text.find("\n", start) + 1
-    indent = re.compile(r"^([ \t\f]+)(?=[^\s#)\]}])", re.M).search(text, first) if first else None
-    if indent is None:
-        return None
-    prefix = indent.group(1)
-    cut = re.compile(r"^%s(?![\s#)\]}]|(?:else|elif|except|finally)\b)" % re.escape(prefix), re.M)
-    cuts, at, n = [], start, line
-    for match in cut.finditer(text, first):
-        n += text.count("\n", at, match.start())
-        at = match.start()
-        cuts.append((at, n, False))
-    cuts = sorted(cuts + [(at, n, True) for at, n in ends]) + [(len(text), None, True)]
-    node, last, at, n, j = None, None, start, line, 0
-    while True:
-        while j < len(cuts) - 1 and cuts[j][1] < n + CLASS_CHUNK_LINES and not cuts[j][2]:
-            j += 1
+    def statements(self, words=None, member=None, line=None):
+        """The top-level statements of the pieces that spell one of ``words`` (None: every piece) and
+        hold line ``line`` (None: any); of a class, only its body statements that spell ``member`` (and
+        hold ``line``; None: all of them; False: none, an empty body)."""
+        if self._body is not None or not self._pieces():
+            return self.body
         try:
-            if node is None:  # the header run: one class, its body at ``prefix``
-                run = ast.parse("\n" * (line - 1) + text[start:cuts[j][0]], filename=origin).body
-            else:
-                wrapped = ast.parse("\n" * (n - 2) + "if 1:\n" + text[at:cuts[j][0]], filename=origin).body
-                if len(wrapped) != 1 or not isinstance(wrapped[0], ast.If) or wrapped[0].orelse:
-                    return None
-                run = wrapped[0].body
+            return [s for piece in self._select(self._top, words, line) for s in self._read(piece, member, line)]
+        except _Whole:
+            self._top = False
+            return self.body
+
+    def _select(self, pieces, words, line):
+        for i, (start, end, first, head) in enumerate(pieces):
+            if line is not None and not first <= line < (pieces[i + 1][2] if i + 1 < len(pieces) else line + 1):
+                continue
+            defines = _HEAD.match(self.flashfix_text, head)
+            if words is None or any(self.flashfix_text.find(w, start, end) >= 0 for w in words) and (
+                    defines is None or defines.group(2) in words):
+                yield pieces[i]
+
+    def _read(self, piece, member, line):
+        members = self._keep((piece[0], None), self._members, piece) if member is not None or line is not None else None
+        if members is None:
+            return self._keep((piece[0], False), self._parse, piece, False)
+        node = copy.copy(members[0])
+        node.body = [] if member is False else [s for p in self._select(members[1], member and (member,), line)
+                                                for s in self._keep((p[0], True), self._parse, p, True)]
+        return [node]
+
+    def _keep(self, key, compute, *args):
+        if key in self._kept or not KEEP_RUNS:
+            return self._kept[key] if key in self._kept else compute(*args)
+        return self._kept.setdefault(key, compute(*args))
+
+    def _parse(self, piece, inner):
+        """The statements of ``piece`` (``inner``: of a class body, parsed under an ``if 1:`` line
+        placed just above it, so every line and column is the file's)."""
+        text = self.flashfix_text[piece[0]:piece[1]]
+        try:
+            statements = ast.parse("\n" * (piece[2] - 1 - inner) + "if 1:\n" * inner + text, self._file).body
         except (SyntaxError, ValueError):
-            if j == len(cuts) - 1:
-                return None  # parsed whole by the caller
-            grow = cuts[j][1] + max(CLASS_CHUNK_LINES, cuts[j][1] - n)  # twice as long a run, or more
-            j += 1
-            while j < len(cuts) - 1 and cuts[j][1] < grow and not cuts[j][2]:
-                j += 1
-            continue
-        if node is None:
-            if len(run) != 1 or not isinstance(run[0], ast.ClassDef):
-                return None
-            node, run = run[0], run[0].body
-            body_line = text[_line_start(text, start, line, run[0].lineno):]
-            if not body_line.startswith(prefix) or run[0].col_offset != len(prefix):
-                return None  # ``prefix`` is not the indentation of the class body
-            node.body = []
-        last = run[-1]
-        node.body.extend(s for s in run if keep is None or keep(node, s))
-        at, n, top = cuts[j]
-        if top:  # a run that parsed ends before a line at column 0: the class ends there
-            node.end_lineno, node.end_col_offset = last.end_lineno, last.end_col_offset
-            return node, at, n
-        j += 1
+            raise _Whole() from None
+        if inner:
+            if len(statements) != 1 or not isinstance(statements[0], ast.If) or statements[0].orelse:
+                raise _Whole()
+            statements = statements[0].body
+        for statement in statements:
+            statement.flashfix_piece = text  # its text: semantic.find walks no scope that lacks a pattern's names
+        return statements
 
-
-def _line_start(text, at, line, target):
-    """The offset of line ``target`` in ``text``, counting from offset ``at`` of line ``line``."""
-    while line < target:
-        at = text.index("\n", at) + 1
-        line += 1
-    return at
+    def _members(self, piece):
+        """``(class node, [pieces of its body])`` for a class read in pieces of its body, else None."""
+        text, masked, (start, end, line, head) = self.flashfix_text, self._masked, piece
+        defines, depth = _HEAD.match(text, head), 0
+        for m in _BRACKET.finditer(masked, defines.end(), end) if defines and defines.group(1) == "class" else ():
+            if m.group() == ":" and not depth:  # the colon that ends the header
+                newline = masked.find("\n", m.end(), end)
+                body = _BODY.search(masked, newline + 1, end) if newline > 0 and not masked[m.end():newline].strip() else None
+                members = body and _pieces(text, masked, newline + 1, end, body.group(1),
+                                           line + text.count("\n", start, newline + 1))
+                if not members:  # a body on the header's line, or none that can be cut
+                    return None
+                try:
+                    (node,) = ast.parse("\n" * (line - 1) + text[start:members[0][0]] + body.group(1) + "pass\n",
+                                        self._file).body
+                except (SyntaxError, ValueError):
+                    return None
+                return (node, members) if isinstance(node, ast.ClassDef) else None
+            depth += 1 if m.group() == "(" else -1
+        return None
 
 
 def parse_text(text, origin):
@@ -246,13 +237,16 @@ def forget():
 
 @contextlib.contextmanager
 def kept():
-    """Within: every tree keeps the runs it parsed, then all are forgotten (the doctor: many patches read
-    the same few modules; an engine process parses run by run and keeps nothing)."""
+    """Within: every tree keeps the pieces it parsed and the reader its answers (``_locate._memo``), then
+    all are forgotten (the doctor: many patches read the same few modules and distributions; an engine
+    process parses piece by piece and keeps nothing)."""
     global KEEP_RUNS
     outer, KEEP_RUNS = KEEP_RUNS, True
+    token = _locate._memo.set(_locate._memo.get() if outer else {})  # an outer kept() set one
     try:
         yield
     finally:
+        _locate._memo.reset(token)
         KEEP_RUNS = outer
         outer or forget()
 
@@ -266,6 +260,19 @@ def module_ast(modname, modules=None):
     if found.text is None:
         return SOURCELESS
     return parse_text(found.text, found.origin)
+
+
+def walk(node):
+    """``ast.walk``: every node under ``node``, breadth first, in the same order, without two generators per node."""
+    todo = [node]
+    for node in todo:
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, ast.AST):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend([item for item in value if isinstance(item, ast.AST)])
+        yield node
 
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -282,19 +289,10 @@ def find_def(tree, qualname):
     an import, ``del``...)."""
     parts = qualname.split(".")
     if isinstance(tree, Module):
-        text = tree.flashfix_text
-        if any(part not in text for part in parts):  # no definition can bind a name never spelled
-            return None
-        statements = []
-        if len(parts) > 1:  # of a long class, only the statements that bind the member are kept
-            keep = lambda cls, statement: cls.name == parts[0] and _binds(statement, parts[1])  # noqa: E731
-        else:
-            keep = lambda cls, statement: cls.name == parts[0]  # noqa: E731
-        for end, run in tree.runs(keep):  # the statements that bind the name, up to its last spelling
-            statements.extend(s for s in run if _binds(s, parts[0]))
-            if text.find(parts[0], end) < 0:
-                break
-        tree = ast.Module(body=statements, type_ignores=[])
+        if any(part not in tree.flashfix_text for part in parts) and unicodedata.is_normalized("NFKC", tree.flashfix_text):
+            return None  # no definition can bind a name never spelled (in the NFKC form Python reads names)
+        statements = tree.statements((parts[0],), parts[1] if len(parts) > 1 else None)  # a class: the member's pieces
+        tree = ast.Module(body=[s for s in statements if _binds(s, parts[0])], type_ignores=[])
     node = tree
     for part in parts:
         node = _bound_def(node, part, qualname)
@@ -338,17 +336,13 @@ def _bindings(statement, name):
         if isinstance(node, ast.AnnAssign) and node.value is None:  # ``x: T`` alone binds nothing
             continue
         if isinstance(node, _COMPREHENSIONS):  # only := binds outside a comprehension
-            found.extend(n for n in ast.walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
+            found.extend(n for n in walk(node) if isinstance(n, ast.NamedExpr) and n.target.id == name)
             continue
-        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
-            found.append(node)
-        elif isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
-            found.append(node)
-        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name:
-            found.append(node)
-        elif isinstance(node, ast.MatchMapping) and node.rest == name:
-            found.append(node)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+        if (isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
+                or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name
+                or isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name
+                or isinstance(node, ast.MatchMapping) and node.rest == name
+                or isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names):
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
@@ -362,14 +356,14 @@ def binds(modname, name, depth=0, tree=None):
     if not isinstance(tree, ast.Module) or depth > 5 or name not in text and "import *" not in text:
         return False
     stars, star = [], "import *" in text and not name.startswith("_")  # a star import binds no private name
-    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
-    for statement in (statement for _, run in runs for statement in run):
+    words = (name, "import") if star else (name,)  # the pieces that can bind it, or import *
+    for statement in tree.statements(words, False) if isinstance(tree, Module) else tree.body:
         if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             statement = ast.Module(statement.orelse, [])  # names imported for type checkers only
         if _bindings(statement, name):
             return True
         if star and not isinstance(statement, _DEFS):  # no def or class body holds a star import
-            stars += [n for n in ast.walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
+            stars += [n for n in walk(statement) if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"]
     package = modname.split(".")[:None if (module_file(modname) or "").endswith("__init__.py") else -1]
     return any(binds(".".join((package[:len(package) + 1 - star.level] if star.level else []) + [star.module] * bool(
         star.module)), name, depth + 1) for star in stars)
@@ -377,13 +371,13 @@ def binds(modname, name, depth=0, tree=None):
 
 def method_calls(node, attr):
     """Every call ``<expr>.attr(...)`` inside ``node``."""
-    return [n for n in ast.walk(node)
+    return [n for n in walk(node)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr]
 
 
 def name_calls(node, name):
     """Every call ``name(...)`` inside ``node``."""
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
+    return [n for n in walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
 
 
 def keywords(call):
@@ -405,15 +399,11 @@ def marker(site):
 
 def statement_of(func_def, inner):
     """``(block, index)``: the innermost statement of ``func_def`` that contains node ``inner``."""
-    for parent in ast.walk(func_def):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if not isinstance(block, list):
-                continue
-            for index, child in enumerate(block):
-                if child is inner or any(n is inner for n in ast.walk(child)):
-                    if isinstance(child, ast.stmt) and not _contains_block(child, inner):
-                        return block, index
+    for parent in walk(func_def):
+        for block in (getattr(parent, field, None) for field in ("body", "orelse", "finalbody")):
+            for index, child in enumerate(block if isinstance(block, list) else ()):
+                if isinstance(child, ast.stmt) and any(n is inner for n in walk(child)) and not _contains_block(child, inner):
+                    return block, index
     raise ShapeError("no statement of %s contains the node" % getattr(func_def, "name", "the function"))
 
 
@@ -426,7 +416,7 @@ def insert_before(func_def, inner, stmt):
 
 def replace_node(root, old, new):
     """Put ``new`` where ``old`` is inside ``root`` (one place, by identity)."""
-    for parent in ast.walk(root):
+    for parent in walk(root):
         for field, value in ast.iter_fields(parent):
             if value is old:
                 setattr(parent, field, ast.copy_location(new, old))
@@ -440,11 +430,8 @@ def replace_node(root, old, new):
 
 
 def _contains_block(stmt, inner):
-    for field in ("body", "orelse", "finalbody", "handlers"):
-        for child in getattr(stmt, field, None) or ():
-            if child is inner or any(n is inner for n in ast.walk(child)):
-                return True
-    return False
+    return any(n is inner for field in ("body", "orelse", "finalbody", "handlers")
+               for child in getattr(stmt, field, None) or () for n in walk(child))
 
 
 def function_source(func):
@@ -470,19 +457,14 @@ def function_source(func):
 
 
 def _def_node(func, tree=None):
-    code = func.__code__
+    code, line = func.__code__, func.__code__.co_firstlineno
     if tree is None:
         tree = parse_text(*function_source(func))
-    line = code.co_firstlineno
-    runs = tree.runs(lambda cls, s: _first_line(s) <= line <= s.end_lineno) if isinstance(tree, Module) \
-        else [(None, tree.body)]
-    for _, run in runs:  # only the statements that hold the function's first line are walked
-        for statement in run:
-            if _first_line(statement) <= code.co_firstlineno <= statement.end_lineno:  # a decorated def too
-                for node in ast.walk(statement):
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-                        if _first_line(node) == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                            return node
+    for statement in tree.statements(line=line) if isinstance(tree, Module) else tree.body:  # the piece with its line
+        for node in walk(statement):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+                if _first_line(node) == line or node.lineno == line:  # a decorated def too
+                    return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
 
 
@@ -491,25 +473,21 @@ def _first_line(statement):
 
 
 def _top_level_imports(tree):
-    """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    names = getattr(tree, "flashfix_imports", None)
-    if names is None:
-        names = _imports_of(tree)
-        if isinstance(tree, Module):  # rewrite() compiles three times: read the module once
-            tree.flashfix_imports = names
-    return names
-
-
-def _imports_of(tree):
-    runs = tree.runs(lambda cls, statement: False) if isinstance(tree, Module) else [(None, tree.body)]
-    names, stack = set(), [s for _, run in runs for s in run if not isinstance(s, _DEFS)]  # no def bodies kept
+    """Names bound by import statements of the module scope (inside if/try/with, not def/class); a
+    ``Module`` keeps them (rewrite() compiles three times: the module is read once)."""
+    if getattr(tree, "flashfix_imports", None) is not None:
+        return tree.flashfix_imports
+    statements = tree.statements(("import",), False) if isinstance(tree, Module) else tree.body  # no def is read
+    names, stack = set(), [s for s in statements if not isinstance(s, _DEFS)]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update(alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name != "*")
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        elif not isinstance(node, _DEFS):
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 stack.extend(getattr(node, field, None) or ())
+    if isinstance(tree, Module):
+        tree.flashfix_imports = names
     return names
 
 
@@ -570,7 +548,7 @@ def _compile(func, def_node, tree):
         )
         body = [outer]
     module = ast.Module(body=_imported_at_top(tree) + body, type_ignores=[])
-    for n in ast.walk(module):
+    for n in walk(module):
         if not hasattr(n, "lineno") or n.lineno is None:
             ast.copy_location(n, def_node)
     ast.fix_missing_locations(module)
