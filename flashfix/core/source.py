@@ -24,6 +24,7 @@ import contextlib
 import copy
 import itertools
 import re
+import weakref
 
 from flashfix.core import locate as _locate
 
@@ -66,6 +67,7 @@ class Module(ast.Module):
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
         self.flashfix_text, self.flashfix_origin, self._body, self._kept = text, origin, None, None
+        self.flashfix_defs = weakref.WeakValueDictionary()  # (name, first line) -> a def find_def read (_def_node)
 
     @property
     def body(self):
@@ -280,7 +282,7 @@ def find_def(tree, qualname):
     what is bound cannot be read from the source: the last statement that binds the name is
     not a plain definition (a definition inside ``if``/``try``/``with``/a loop, an assignment,
     an import, ``del``...)."""
-    parts = qualname.split(".")
+    parts, defs = qualname.split("."), getattr(tree, "flashfix_defs", None)
     if isinstance(tree, Module):
         text = tree.flashfix_text
         if any(part not in text for part in parts):  # no definition can bind a name never spelled
@@ -300,6 +302,8 @@ def find_def(tree, qualname):
         node = _bound_def(node, part, qualname)
         if node is None:
             return None
+    if defs is not None and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        defs[node.name, _first_line(node)] = node  # while a probe holds it, rewrite() reads no second copy
     return node
 
 
@@ -474,6 +478,8 @@ def _def_node(func, tree=None):
     if tree is None:
         tree = parse_text(*function_source(func))
     line = code.co_firstlineno
+    if (found := getattr(tree, "flashfix_defs", {}).get((code.co_name, line))) is not None:
+        return found  # the def a probe read from this very text
     runs = tree.runs(lambda cls, s: _first_line(s) <= line <= s.end_lineno) if isinstance(tree, Module) \
         else [(None, tree.body)]
     for _, run in runs:  # only the statements that hold the function's first line are walked
@@ -490,14 +496,15 @@ def _first_line(statement):
     return min([statement.lineno] + [d.lineno for d in getattr(statement, "decorator_list", ())])
 
 
+_IMPORTS = {}  # (origin, length, hash) of a module's text -> its top-level imports: read once for all its rewrites
+
+
 def _top_level_imports(tree):
     """Names bound by import statements of the module scope (inside if/try/with, not def/class)."""
-    names = getattr(tree, "flashfix_imports", None)
-    if names is None:
-        names = _imports_of(tree)
-        if isinstance(tree, Module):  # rewrite() compiles three times: read the module once
-            tree.flashfix_imports = names
-    return names
+    if not isinstance(tree, Module):
+        return _imports_of(tree)
+    key = (tree.flashfix_origin, len(tree.flashfix_text), hash(tree.flashfix_text))
+    return _IMPORTS[key] if key in _IMPORTS else _IMPORTS.setdefault(key, frozenset(_imports_of(tree)))
 
 
 def _imports_of(tree):
