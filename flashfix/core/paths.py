@@ -249,11 +249,7 @@ class Composite:
             first = first or (value is not None and (value, None))
         return first or (None, None)
 
-    def version(self, dist):
-        return self._holder(dist)[0]
-
-    def version_source(self, dist):
-        return self._holder(dist)[1]
+    version, version_source = (lambda self, dist: self._holder(dist)[0]), (lambda self, dist: self._holder(dist)[1])
 
     def archive_of(self, origin):
         return next(filter(None, (getattr(r, "archive_of", lambda o: {})(origin) for r in self.readers)), {})
@@ -283,15 +279,12 @@ def open_path(path):
     path = str(path)
     if not os.path.exists(path):
         raise SourceError("%s: no such file or directory" % path)
-    if not os.path.isdir(path) and not os.path.isfile(path):  # a FIFO or a device would block or never end
-        raise SourceError("%s is neither a wheel (a .whl zip archive) nor a directory" % path)
     if os.path.isdir(path):
         entries, editable, namespaces, opaque = _path_entries(path)
         return PathReader(entries, label=path, editable=editable, namespaces=namespaces, opaque=opaque)
-    if not zipfile.is_zipfile(path):
-        if path.endswith(".whl"):
-            raise SourceError("%s is not a readable zip archive (a corrupt or truncated wheel?)" % path)
-        raise SourceError("%s is neither a wheel (a .whl zip archive) nor a directory" % path)
+    if not os.path.isfile(path) or not zipfile.is_zipfile(path):  # a FIFO or a device would block or never end
+        raise SourceError(("%s is not a readable zip archive (a corrupt or truncated wheel?)" if os.path.isfile(path)
+                           and path.endswith(".whl") else "%s is neither a wheel (a .whl zip archive) nor a directory") % path)
     try:
         archive = zipfile.ZipFile(path)
         r = ZipReader(archive, path)
