@@ -46,11 +46,11 @@ def wall(args, env, runs):
 
 def breakdown(wheels):
     from flashfix.tools import doctor as _doctor
-    from flashfix.core import locate as _locate
+    from flashfix.core import paths as _paths
 
     start = time.perf_counter()
-    readers = [_locate.open_path(w) for w in wheels]
-    reader = readers[0] if len(readers) == 1 else _locate.Composite(readers)
+    readers = [_paths.open_path(w) for w in wheels]
+    reader = readers[0] if len(readers) == 1 else _paths.Composite(readers)
     opened = time.perf_counter()
     _doctor.diagnose(reader)
     diagnosed = time.perf_counter()

@@ -328,24 +328,29 @@ class Rule:
         self.module, self.function, self.name = module, function, function or module
         names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
         self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
-        self.after, before = pattern(after, "after"), pattern(before, "before")
-        if isinstance(self.after, (ast.stmt, Block)) and isinstance(before, ast.expr):
-            before = ast.Expr(before)
-        if isinstance(self.after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
-            self.after, before = (x if isinstance(x, Block) else Block([x]) for x in (self.after, before))
-        self.before = before
-        self.where = pattern(where, "where") if where else None
-        self.inside = pattern(inside, "inside") if inside else None
-        self.word = absent_unless_mentioned
-        self.derivable = fixed_if is None  # ``after`` is upstream's form: derive_prefix can turn it back
-        self.fixed_if = [pattern(f, "fixed_if") for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or [
-            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)])]  # upstream's form has no $RAN marker line
+        self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if is None  # derivable: ``after``
+        self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else fixed_if or [  # upstream's
+            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)]  # form (derive_prefix turns it back), without $RAN
+        before, after = (parsed := self._parse())["before"], parsed["after"]  # a pattern that is not Python fails here
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
-        self.every = every
-        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in walk(self.after))
+        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in walk(after))
         self.fixed = fixed or "%s has the fixed form `{form}`" % self.name
         self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (self.name, _show(
             before.value if isinstance(before, ast.Expr) else before))
+
+    def _parse(self):  # the patterns, kept until forget() like a module's tree: an engine process keeps none
+        before, after, where, inside, fixed_if = self._texts
+        after, before = pattern(after, "after"), pattern(before, "before")
+        if isinstance(after, (ast.stmt, Block)) and isinstance(before, ast.expr):
+            before = ast.Expr(before)
+        if isinstance(after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
+            after, before = (x if isinstance(x, Block) else Block([x]) for x in (after, before))
+        return _source._parsed.setdefault(self, {
+            "before": before, "after": after, "where": pattern(where, "where") if where else None,
+            "inside": pattern(inside, "inside") if inside else None, "fixed_if": [pattern(f, "fixed_if") for f in fixed_if]})
+
+    before, after, where, inside, fixed_if = (property(lambda self, k=k: (_source._parsed.get(self) or self._parse())[k])
+                                              for k in ("before", "after", "where", "inside", "fixed_if"))
 
     def _scopes(self, func):
         return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]

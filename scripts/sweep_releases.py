@@ -12,7 +12,7 @@
 Nothing is installed or unpacked. A wheel is a zip: its central directory and the few members
 the probes read (each patch's target modules, the modules a probe looks into, and the
 ``.dist-info/METADATA``) are fetched with HTTP range requests (``remotezip``), so a 400 MB
-vLLM wheel costs a few hundred KB. Each wheel is read by ``flashfix.core.locate.ZipReader``
+vLLM wheel costs a few hundred KB. Each wheel is read by ``flashfix.core.paths.ZipReader``
 and judged exactly as ``flashfix doctor`` judges an installed engine: under
 ``_locate.reading(reader)``, through ``_registry.targets_of``, ``read_trees`` and ``judge``,
 with the version from the wheel's own METADATA.
@@ -82,7 +82,7 @@ from packaging.tags import compatible_tags, cpython_tags  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 from packaging.version import InvalidVersion, Version  # noqa: E402
 
-from flashfix.core import locate as _locate
+from flashfix.core import locate as _locate, paths as _paths
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source  # noqa: E402
 
@@ -235,7 +235,7 @@ def wheel_reader(dist, version, index=INDEX):
     if wheel is None:
         raise LookupError("%s==%s has no wheel to read" % (dist, version))
     archive, _ = open_wheel(wheel["url"])
-    return _locate.ZipReader(archive, wheel["filename"])
+    return _paths.ZipReader(archive, wheel["filename"])
 
 
 _only_packs = []  # the patches of --pack modules: when set, the sweep judges these alone
@@ -264,7 +264,7 @@ def patches_of(dist):
 def judge_archive(archive, label, dist):
     """``(version from METADATA, {patch id: (verdict, reason)})`` for the engine ``dist`` in
     ``archive``, as ``flashfix doctor`` would judge it installed."""
-    reader = _locate.ZipReader(archive, label)
+    reader = _paths.ZipReader(archive, label)
     verdicts, claims = {}, {}  # claims: one patch per function, as the doctor and the runtime judge
     with _locate.reading(reader):
         version = reader.version(dist)

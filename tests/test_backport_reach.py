@@ -17,6 +17,7 @@ from test_semantic import installed, probe
 this_checkout.flashfix()
 from flashfix import semantic, sglang_patch  # noqa: E402
 from flashfix.core import locate as _locate  # noqa: E402
+from flashfix.core import paths as _paths  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
 from flashfix.core import source as _source  # noqa: E402
 
@@ -130,7 +131,7 @@ def test_requires_is_read_from_the_environment_the_doctor_reads():
     """``doctor --path``: the required distribution's version is read from the folders read."""
     verdicts = {}
     for release in ("0.5.18", "0.5.23"):
-        with _locate.reading(_locate.open_path(str(site_of("sglang==" + release)))):
+        with _locate.reading(_paths.open_path(str(site_of("sglang==" + release)))):
             for spec in (">=0.2.7", "<0.2.7"):
                 patch = _kimi(requires={"xgrammar": spec})
                 verdicts[release, spec] = _registry.judge(patch, _registry.read_trees(patch.targets),
@@ -209,7 +210,7 @@ def test_an_absent_function_is_unknown_shape_unless_a_word_says_otherwise():
     tree = _source.parse_text(installed("0.5.14", sglang_patch.AUTOTUNE_SITES[1][0]), "runner")
     trees = {m: tree if m == sglang_patch.AUTOTUNE_SITES[1][0] else None for m, _ in sglang_patch.AUTOTUNE_SITES}
     site = engine_env.env_python("sglang==0.5.14").parent.parent.glob("lib/python*/site-packages")
-    with _locate.reading(_locate.PathReader([next(site)])):  # the needed global is read from that release
+    with _locate.reading(_paths.PathReader([next(site)])):  # the needed global is read from that release
         assert sglang_patch.SM120_FP8_AUTOTUNE.probe(trees).kind == _registry.BUGGY
     assert "the function\nabsent, `unknown-shape`" in (REPO / "README.md").read_text()
     guide = (REPO / "docs" / "writing-a-backport.md").read_text()

@@ -5,7 +5,7 @@ The case that failed before: of two star imports that both bind a name, Python b
 one's; the reader took the first (its walk collected the star imports last-first and then read
 them in reverse)."""
 
-from flashfix.core import locate as _locate
+from flashfix.core import locate as _locate, paths as _paths
 from flashfix.tools import diff as _diff
 
 PACKAGE = {
@@ -22,7 +22,7 @@ def _definitions(tmp_path, module, names):
     for path, text in PACKAGE.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    with _locate.reading(_locate.open_path(str(tmp_path))):
+    with _locate.reading(_paths.open_path(str(tmp_path))):
         found = {name: _diff.definition(module, name) for name in names}
     return {name: d and (d.module, d.qualname, d.first) for name, d in found.items()}
 

@@ -280,7 +280,7 @@ def test_probe_reads_the_binding_python_uses(tmp_path):
     """``flashinfer.attention`` binds the sink wrapper by its LAST top-level binding: the probe
     follows that import, not the first one in the file."""
     from flashfix import flashinfer_patch as fp
-    from flashfix.core import locate as _locate, registry as _registry
+    from flashfix.core import locate as _locate, paths as _paths, registry as _registry
 
     line = "from ._fixed import BatchAttentionWithAttentionSinkWrapper\n"
     edits = {
@@ -292,7 +292,7 @@ def test_probe_reads_the_binding_python_uses(tmp_path):
     for case, edit in edits.items():
         dest = tmp_path / case.replace(" ", "_")
         _flashinfer_copy(dest, edit)
-        with _locate.reading(_locate.PathReader([dest])):
+        with _locate.reading(_paths.PathReader([dest])):
             trees = _registry.read_trees(fp.PATCHES[0].targets)
             shapes[case] = _registry.judge(fp.PATCHES[0], trees, "0.6.16.post3")
     assert shapes["earlier import"] == ("patch", "the sink kernel name in flashinfer.attention._core holds only "

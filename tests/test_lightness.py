@@ -29,3 +29,32 @@ def test_import_and_doctor_import_no_engine(requirement):
     installed = [v for k, v in r["verdicts"].items() if k.startswith(engine)]
     assert installed and "not-installed" not in installed
     print("%s: doctor took %.3f s" % (requirement, r["doctor_s"]))
+
+
+KEPT = '''
+import ast, gc, json, sys
+import flashfix
+from flashfix import flashinfer_patch, semantic, sglang_patch, vllm_patch  # noqa: F401  (every patch declared)
+from flashfix.core import render, source  # noqa: F401  (what applying a rewrite loads)
+source.forget()
+gc.collect()
+readers = sorted(n for n, m in list(sys.modules.items()) if n.startswith("flashfix") and hasattr(m, "ZipReader"))
+rules = [o for o in gc.get_objects() if isinstance(o, semantic.Rule)]
+trees = [r for r in rules if any(isinstance(v, ast.AST) or isinstance(v, list) and any(isinstance(x, ast.AST) for x in v)
+                                 for v in vars(r).values())]
+print(json.dumps([readers, len(rules), len(trees)]))
+'''
+
+
+def test_engine_process_loads_no_path_reader_and_keeps_no_pattern_tree():
+    """Issue 24's memory limit: what an engine process loads of flashfix (every declaration, the renderer)
+    holds no ``--path`` reader code, and once decisions are done (``forget``) no declaration keeps a pattern tree."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", KEPT], env=dict(os.environ, FLASHFIX_DISABLE="all"), capture_output=True,
+                         text=True, check=True).stdout
+    readers, rules, trees = json.loads(out.splitlines()[-1])
+    assert readers == [] and rules > 10 and trees == 0, (readers, rules, trees)

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from flashfix.core import locate as _locate
+from flashfix.core import locate as _locate, paths as _paths
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_an_imported_parent_contributes_its_real_path(tree, monkeypatch):
     found = _locate.ImportSystem().find("walkpkg.added")
     assert found is not None and found.origin == str(tree / "extra" / "walkpkg" / "added.py")
     assert found.text == "VALUE = 2\n"
-    assert _locate.PathReader([tree / "main"]).find("walkpkg.added") is None  # not this interpreter's modules
+    assert _paths.PathReader([tree / "main"]).find("walkpkg.added") is None  # not this interpreter's modules
 
 
 def test_a_parent_whose_path_raises_is_located_as_if_not_imported(tree, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_parent_that_is_no_package_has_no_submodules(tree, monkeypatch):
 
 def test_namespace_packages_read_alike_through_both_lookups(tree):
     # ``extra`` alone: walkpkg there has no __init__.py, a namespace package of one portion
-    reader = _locate.PathReader([tree / "extra"])
+    reader = _paths.PathReader([tree / "extra"])
     namespace = reader.find("walkpkg")
     assert namespace is not None and namespace.text is None
     assert reader.find("walkpkg.added").text == "VALUE = 2\n"
@@ -69,4 +69,4 @@ def test_path_reader_refuses_a_file_over_max_read(tmp_path):
     with open(tmp_path / "huge.py", "wb") as handle:
         handle.truncate(_locate.MAX_READ + 1)  # sparse: no disk is written
     with pytest.raises(_locate.SourceError, match="over 16 MiB"):
-        _locate.PathReader([tmp_path]).find("huge")
+        _paths.PathReader([tmp_path]).find("huge")

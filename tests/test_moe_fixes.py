@@ -29,7 +29,7 @@ import this_checkout  # noqa: E402
 
 this_checkout.flashfix()
 from flashfix import semantic, sglang_patch, vllm_patch  # noqa: E402
-from flashfix.core import locate as _locate  # noqa: E402
+from flashfix.core import locate as _locate, paths as _paths  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
 
 GATE = vllm_patch.TRTLLM_FP8_SWIGLU_GATE
@@ -166,7 +166,7 @@ def _wheel(metadata):
     with zipfile.ZipFile(data, "w") as z:
         z.writestr("eng/__init__.py", "")
         z.writestr("eng-1.0.dist-info/METADATA", metadata)
-    return _locate.ZipReader(zipfile.ZipFile(data), "eng-1.0-py3-none-any.whl")
+    return _paths.ZipReader(zipfile.ZipFile(data), "eng-1.0-py3-none-any.whl")
 
 
 def test_requires_is_judged_against_a_wheels_own_pins():

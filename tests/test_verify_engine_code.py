@@ -136,7 +136,7 @@ def release_trees(dist, targets, since, below):
 
     sys.path.insert(0, str(REPO / "scripts"))
     import sweep_releases as sweep
-    from flashfix.core import locate
+    from flashfix.core import paths
 
     url, data = sweep.index_json(dist)
     trees = []
@@ -150,7 +150,7 @@ def release_trees(dist, targets, since, below):
                 continue
             if reader is None:
                 archive, _ = sweep.open_wheel(found["url"])
-                reader = locate.ZipReader(archive, found["filename"])
+                reader = paths.ZipReader(archive, found["filename"])
                 member = reader._metadata_member(dist)[0]
                 (tree / member).parent.mkdir(parents=True, exist_ok=True)
                 (tree / member).write_bytes(reader._read_member(member))

@@ -37,7 +37,7 @@ import vllm_prefix_shape  # noqa: E402
 
 this_checkout.flashfix()
 from flashfix import vllm_patch
-from flashfix.core import locate as _locate
+from flashfix.core import locate as _locate, paths as _paths
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source  # noqa: E402
 
@@ -87,7 +87,7 @@ def installed_file(requirement):
 def release_env(requirement):
     """The release's environment, read as ``doctor --path`` reads it: the probe finds there the
     FlashInfer class that the new code takes from ``flashinfer`` (``needs``)."""
-    return _locate.reading(_locate.PathReader([Path(installed_file(requirement)).parents[4]]))
+    return _locate.reading(_paths.PathReader([Path(installed_file(requirement)).parents[4]]))
 
 
 # --- releases: doctor and runtime -------------------------------------------------------------

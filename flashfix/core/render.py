@@ -101,10 +101,6 @@ def _elif(node):
     return len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)
 
 
-def _dumps(nodes):
-    return [ast.dump(n) for n in nodes]
-
-
 class Writer:
     """Offsets in the text of ``lines`` (``at``: of ``ast``'s line and UTF-8 column), and the
     changes ``(start, end, text)`` to it that turn an installed def into the edited one (``diff``)."""
@@ -207,7 +203,7 @@ class Writer:
         value, branch = old.orelse, new.orelse[0] if _elif(new) else None
         if not (_elif(old) and branch):
             raise _Up()
-        if _dumps(branch.orelse) == _dumps(value):
+        if list(map(ast.dump, branch.orelse)) == list(map(ast.dump, value)):
             start = self.span(value[0])[0]
             inner = self.indent(self.span(value[0].body[0])[0], True)
             self.put(start, start, "elif %s:\n%s%s" % (self.spell(branch.test), "".join(
@@ -217,7 +213,7 @@ class Writer:
 
     def items(self, old, new, sep=None, parent=None):
         stmts = isinstance((old + new or [None])[0], ast.stmt)
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, _dumps(old), _dumps(new), autojunk=False).get_opcodes():
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, *[list(map(ast.dump, v)) for v in (old, new)], autojunk=False).get_opcodes():
             olds, news = old[i1:i2], new[j1:j2]
             plain = [n for n in news if not getattr(n, "flashfix_marker", False)]
             prev, nxt = old[i1 - 1] if i1 else None, old[i2] if i2 < len(old) else None
@@ -348,28 +344,35 @@ def _same(text, line_map, expected):
 def render(text, original, edited, origin=None):
     """``Rendered`` for the def node ``original`` (parsed from the module source ``text``) edited into
     ``edited`` (a copy changed by a patch's edit; statements made by ``_source.marker``: the marker)."""
-    lines = _lines(text, closed=True)
     start, end = _first_line(original), original.end_lineno
+    own = re.compile(r"(?:[^\n]*\n){%d}((?:[^\n]*\n){%d}[^\n]*\n?)" % (start - 1, end - start)).match(text).group(1)
+    lines = [""] * (start - 1) + _lines(own, closed=True)  # only the def's own lines are split, the others are ""
     before = "".join(lines[start - 1:end])
     indent = _indent(lines[start - 1])
     texts, maps, whole = {}, {}, []
-    for version in (MARKED, PLAIN):
-        expected = edited if version == MARKED else _strip_markers(copy.deepcopy(edited))
-        try:
-            writer = Writer(lines, version == MARKED)
-            writer.diff(original, expected, top=True)
-            candidate, line_map = writer.text(start, end)
-            if not _same(candidate, line_map, expected):
-                raise RenderError("the text does not parse back to the edit")
-        except Exception:  # a change the installed text cannot hold (the whole function below is checked too)
-            whole.append(version)
-            unparsed = ast.unparse(expected).split("\n")
-            line_map = [min(start + i, end) for i in range(len(unparsed))]
-            for prefix in (indent, ""):
-                candidate = "".join(prefix + line + "\n" for line in unparsed)
-                if _same(candidate, line_map, expected):
-                    break
-            else:
-                raise RenderError("the edited %s cannot be written back as source" % getattr(original, "name", "function"))
-        texts[version], maps[version] = candidate, line_map
+    taken = [(b, i, s) for p in ast.walk(edited) for f in BLOCKS for b in [getattr(p, f, None)] if isinstance(b, list)
+             for i, s in enumerate(b) if getattr(s, "flashfix_marker", False)]  # put back after PLAIN: no copy of a long def
+    try:
+        for version in (MARKED, PLAIN):
+            expected = edited if version == MARKED else _strip_markers(edited)
+            try:
+                writer = Writer(lines, version == MARKED)
+                writer.diff(original, expected, top=True)
+                candidate, line_map = writer.text(start, end)
+                if not _same(candidate, line_map, expected):
+                    raise RenderError("the text does not parse back to the edit")
+            except Exception:  # a change the installed text cannot hold (the whole function below is checked too)
+                whole.append(version)
+                unparsed = ast.unparse(expected).split("\n")
+                line_map = [min(start + i, end) for i in range(len(unparsed))]
+                for prefix in (indent, ""):
+                    candidate = "".join(prefix + line + "\n" for line in unparsed)
+                    if _same(candidate, line_map, expected):
+                        break
+                else:
+                    raise RenderError("the edited %s cannot be written back as source" % getattr(original, "name", "function"))
+            texts[version], maps[version] = candidate, line_map
+    finally:
+        for block, index, statement in taken:  # (each where PLAIN took it out)
+            block[index:index] = [] if any(s is statement for s in block) else [statement]
     return Rendered(origin, start, before, texts, maps, tuple(whole))

@@ -24,6 +24,7 @@ import contextlib
 import copy
 import re
 import unicodedata
+import weakref
 
 from flashfix.core import locate as _locate
 
@@ -111,6 +112,7 @@ class Module(ast.Module):
         super().__init__(type_ignores=[])
         self.flashfix_text, self.flashfix_origin, self._body, self._top, self._kept = text, origin, None, None, {}
         self._file = origin or "<unknown>"
+        self.flashfix_defs = weakref.WeakValueDictionary()  # (name, first line) -> a def find_def read (_def_node)
 
     @property
     def body(self):
@@ -287,7 +289,7 @@ def find_def(tree, qualname):
     what is bound cannot be read from the source: the last statement that binds the name is
     not a plain definition (a definition inside ``if``/``try``/``with``/a loop, an assignment,
     an import, ``del``...)."""
-    parts = qualname.split(".")
+    parts, defs = qualname.split("."), getattr(tree, "flashfix_defs", None)
     if isinstance(tree, Module):
         if any(part not in tree.flashfix_text for part in parts) and unicodedata.is_normalized("NFKC", tree.flashfix_text):
             return None  # no definition can bind a name never spelled (in the NFKC form Python reads names)
@@ -298,6 +300,8 @@ def find_def(tree, qualname):
         node = _bound_def(node, part, qualname)
         if node is None:
             return None
+    if defs is not None and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        defs[node.name, _first_line(node)] = node  # while a probe holds it, rewrite() reads no second copy
     return node
 
 
@@ -460,6 +464,8 @@ def _def_node(func, tree=None):
     code, line = func.__code__, func.__code__.co_firstlineno
     if tree is None:
         tree = parse_text(*function_source(func))
+    if (found := getattr(tree, "flashfix_defs", {}).get((code.co_name, line))) is not None:
+        return found  # the def a probe read from this very text
     for statement in tree.statements(line=line) if isinstance(tree, Module) else tree.body:  # the piece with its line
         for node in walk(statement):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:

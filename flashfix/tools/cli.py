@@ -26,7 +26,7 @@ def open_sources(sources, stack):
     asked are closed with ``stack`` (an ``ExitStack``). SourceError (with its message) when one
     cannot be read."""
     from flashfix.tools import doctor as _doctor
-    from flashfix.core import locate as _locate
+    from flashfix.core import paths as _paths
 
     readers = []
     for kind, value in sources:
@@ -35,9 +35,9 @@ def open_sources(sources, stack):
 
             readers.append(stack.enter_context(_remote.PythonReader(value)))
         else:
-            readers.append(_locate.open_path(value))
+            readers.append(_paths.open_path(value))
             _doctor.check_holds_an_engine(readers[-1], value)
-    return (readers[0] if len(readers) == 1 else _locate.Composite(readers)) if readers else None
+    return (readers[0] if len(readers) == 1 else _paths.Composite(readers)) if readers else None
 
 
 def main(argv=None):

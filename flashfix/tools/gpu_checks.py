@@ -210,16 +210,16 @@ class EngineModuleFinder:
 def engine_module(patch_id, path=None):
     """``(module, patch record, engine version)``: the patch's target module as the runtime leaves it, installed
     or loaded from ``path`` (a wheel or tree, with stand-in engine imports); the engine's other patches disabled."""
-    from flashfix.core import locate as _locate
+    from flashfix.core import locate as _locate, paths as _paths
     from flashfix.core import registry as _registry
     patch = next(p for p in _registry.load_all() if p.id == patch_id)
     others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before SGLang 0.5.1's module reads it
     del _registry._config_cache[:]
-    tree = _locate.open_path(os.path.abspath(path)) if path else None  # the module's __file__ is absolute
+    tree = _paths.open_path(os.path.abspath(path)) if path else None  # the module's __file__ is absolute
     # the tree first, then this interpreter (its real FlashInfer, which the new code may take names from)
-    reader = _locate.Composite([tree, _locate.reader()]) if path else _locate.reader()
+    reader = _paths.Composite([tree, _locate.reader()]) if path else _locate.reader()
     with _locate.reading(reader):
         (target,) = _registry.targets_of(patch)
         if path:  # after flashfix's finder, before the installed engine's

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from flashfix.core import locate as _locate
+from flashfix.core import locate as _locate, paths as _paths
 from flashfix.tools import doctor as _doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
@@ -184,8 +184,8 @@ def run(as_json=False, paths=(), only=()):
     rows, _ = _doctor.diagnose()
     wanted = {(r["id"], None) for r in rows if r["verdict"] == "patch"}
     for path in paths:  # judged as the check loads it: the tree, then this interpreter (its FlashInfer)
-        tree = _locate.open_path(path)
-        found = [r for r in _doctor.diagnose(_locate.Composite([tree, _locate.reader()]))[0] if tree.version(r["engine"])]
+        tree = _paths.open_path(path)
+        found = [r for r in _doctor.diagnose(_paths.Composite([tree, _locate.reader()]))[0] if tree.version(r["engine"])]
         wanted |= {(r["id"], path) for r in found if r["verdict"] == "patch"}
         for r in found:
             _say("[%5.0fs] %s: %-26s %s %s, doctor: %s" % (time.time() - start, path, r["id"], r["engine"],
