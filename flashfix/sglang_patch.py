@@ -1,5 +1,5 @@
 """SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338 and #27460 (0.5.13),
-and of two FlashInfer-backend fixes first released in 0.5.17 and 0.5.21 (PRs not identified).
+#38590 (0.5.20), and of two FlashInfer-backend fixes first released in 0.5.17 and 0.5.21 (PRs not identified).
 
 #34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
 the upstream change as before -> after code), judged, disabled (``FLASHFIX_DISABLE=<id>``) and
@@ -22,6 +22,8 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 # * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): forward_extend's paged forward is causal for
 #   ENCODER_ONLY layers; a one-statement fix, but in forward_extend too (one rewrite per function).
 
+
+import ast
 
 from flashfix.core.registry import ABSENT, Shape
 from flashfix.semantic import Backport, Rule, find, pattern
@@ -352,3 +354,66 @@ else:
     Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
 
 PATCHES += (SM100_CUTLASS_HEAD_DIMS,)
+
+
+# --- sglang#38590: FlashInfer-MLA indptr buffers sized for the padded batch (fixed in 0.5.20) ------
+
+_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
+
+
+def padded_max_batch_size(model_runner):
+    """The request count the runners pad a batch to under MLP sync, by the release's own rule (what its
+    FlashInferAttnBackend sizes its indptr buffers for): ``_cuda_graph_capture_max_bs(server_args, n)`` in
+    0.5.14-0.5.16, ``get_cuda_graph_max_batch_size(server_args, n)`` in 0.5.17-0.5.18, ``(n)`` from 0.5.19."""
+    import inspect
+
+    from sglang.srt.layers.attention import flashinfer_backend as fb
+
+    n, pad = model_runner.req_to_token_pool.size, getattr(fb, "_cuda_graph_capture_max_bs", None)
+    if pad is None:
+        pad = fb.get_cuda_graph_max_batch_size
+        if len(inspect.signature(pad).parameters) == 1:
+            return pad(n)
+    return pad(model_runner.server_args, n)
+
+
+def _padding_rule(tree, func):
+    """Before 0.5.14 the release has no padded-batch rule to size by (0.5.14 added it to flashinfer_backend,
+    whose parallel layout both backends then read from sglang.srt.runtime_context)."""
+    if any(isinstance(n, ast.ImportFrom) and n.module == "sglang.srt.runtime_context" for n in tree.body):
+        return {}
+    return Shape(ABSENT, "the release has no padded-batch rule to size by: 0.5.1-0.5.9 never pad a batch past the request "
+                         "pool; 0.5.10-0.5.13's CUDA-graph runner does (known-unfixed sglang-flashinfer-indptr-padded-batch)")
+
+
+MLA_INDPTR_PADDED_BATCH = Backport(
+    id="sglang-mla-indptr-padded-batch", engine="sglang", versions=">=0.5.14", fixed_in="0.5.20",
+    upstream="https://github.com/sgl-project/sglang/pull/38590", context=_padding_rule,
+    needs={"padded_max_batch_size": "flashfix.sglang_patch"},
+    hunks=(Rule(_MLA, "FlashInferMLAAttnBackend.__init__", before="max_bs = model_runner.req_to_token_pool.size",
+                after="max_bs = padded_max_batch_size(model_runner)", fixed_if="max_bs = get_cuda_graph_max_batch_size($_)",
+                buggy="{name} (line {line}) sizes kv_indptr/qo_indptr for the request pool, not the padded batch"),
+           Rule(_MLA, "FlashInferMLAMultiStepDraftBackend.__init__", before="max_bs = $P.size * self.topk",
+                after="max_bs = padded_max_batch_size(model_runner) * self.topk",
+                fixed_if="max_bs = get_cuda_graph_max_batch_size($_) * self.topk")),
+    summary="FlashInfer-MLA kv_indptr/qo_indptr/q_indptr_decode are sized for the batch the runners pad to under "
+            "MLP sync, so DP attention / DeepEP with a request cap that is no multiple of attn_tp starts",
+    doc="""Why: under MLP sync (DP attention, DeepEP, MegaMoE) the eager and CUDA-graph runners pad the
+    request count to the attention-TP alignment, so the warm-up and the largest captured decode batch
+    can exceed ``req_to_token_pool.size``; FlashInfer-MLA (and its multi-step draft backend) sized its
+    indptr buffers for the pool: a shape error at start-up (``--max-running-requests 3`` with attn_tp 2).
+    How: as upstream, the buffers are sized by the release's own padded-batch rule, the one its
+    FlashInferAttnBackend uses (``padded_max_batch_size``: the rule's three spellings).
+    Affected: 0.5.14 to 0.5.19 (0.5.10 to 0.5.13 too, which have no rule to size by: see _padding_rule).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.20.""")
+
+PATCHES += (MLA_INDPTR_PADDED_BATCH,)
+KNOWN += (Known(
+    id="sglang-flashinfer-indptr-padded-batch", engine="sglang", versions=">=0.5.10,<0.5.14",
+    upstream="https://github.com/sgl-project/sglang/compare/v0.5.13.post1...v0.5.14",
+    summary="FlashInfer and FlashInfer-MLA size kv_indptr/qo_indptr for the request pool, while the CUDA-graph runner "
+            "pads the batch to the attention-TP alignment (DP attention, TBO; sglang#20978, from 0.5.10): start-up crash "
+            "when the request cap is no multiple of it",
+    why_not="the release has no padded-batch rule to size by (0.5.14 added one); padding it here would copy the "
+            "runner's rule, whose inputs differ from release to release"),)

@@ -48,7 +48,9 @@ CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # function from 0.5.18; carried wi
 for _release, _verdicts in EXPECTED.items():
     EXPECTED[_release] = dict(_verdicts, **{CLAMP: {"0.5.18": "known-unfixed", "0.5.23": "fixed-upstream"}.get(
         _release, "not-affected")}, **{"sglang-cross-attn-decode-plan-lens": "fixed-upstream",  # fixed in 0.5.10
-                                       "sglang-sm100-cutlass-head-dims": "fixed-upstream" if _release == "0.5.23" else "patch"})
+                                       "sglang-sm100-cutlass-head-dims": "fixed-upstream" if _release == "0.5.23" else "patch",
+                                       "sglang-mla-indptr-padded-batch": {"0.5.11": "not-affected", "0.5.13": "not-affected",
+                                                                          "0.5.23": "fixed-upstream"}.get(_release, "patch")})
 RELEASES = list(EXPECTED)
 SCRIPT = Path(__file__).with_name("sglang_real_check.py")
 

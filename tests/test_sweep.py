@@ -87,10 +87,13 @@ XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in SGLang 0.5.10
 LAYER_HEADS = "vllm-layer-heads-plan"
 MLA_CLONE = "vllm-mla-prefill-backend-per-builder"  # vLLM #46993: prefill backend objects from 0.21.0, fixed in 0.25.0
 CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in SGLang 0.5.21
+MLA_PADDED = "sglang-mla-indptr-padded-batch"  # sglang#38590: carried from 0.5.14 (the padding rule), fixed in 0.5.20
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
         _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
+        _verdicts[MLA_PADDED] = ("not-affected" if Version(_version) < Version("0.5.14") else
+                                 "patch" if Version(_version) < Version("0.5.20") else "fixed-upstream")
     if _dist == "vllm":
         _verdicts[XQA] = ("not-affected" if Version(_version) < Version("0.25") else
                           "patch" if Version(_version) < Version("0.29") else "fixed-upstream")
