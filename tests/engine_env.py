@@ -79,6 +79,15 @@ if __name__ == "__main__":
         print(req, env_python(req), flush=True)
 
 
+def installed_path(requirement: str, relative: str = "") -> Path:
+    """``relative`` (e.g. ``"sglang/srt/layers/attention/flashinfer_backend.py"``) inside the site-packages
+    of ``requirement``'s environment (built if missing); the site-packages folder itself for ``""``."""
+    import glob
+
+    (found,) = glob.glob(str(env_python(requirement).parent.parent / "lib" / "python*" / "site-packages"))
+    return Path(found) / relative if relative else Path(found)
+
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT = "FLASHFIX_RESULT="
 

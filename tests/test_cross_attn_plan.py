@@ -12,7 +12,6 @@ edit: planned as 0.5.11 plans it. Without an engine process: the derived shape r
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -43,10 +42,7 @@ def derive(text):
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
-    python = engine_env.env_python("sglang==0.5.11")
-    (path,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "sglang" / "srt" / "layers"
-                            / "attention" / "flashinfer_backend.py"))
-    fixed = Path(path).read_text()
+    fixed = engine_env.installed_path("sglang==0.5.11", "sglang/srt/layers/attention/flashinfer_backend.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.5.11")[0] == "fixed-upstream"
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(derive(fixed))}, "0.5.9")
     assert verdict[0] == "patch" and "cross-attention wrapper" in verdict[1], verdict

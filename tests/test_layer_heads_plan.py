@@ -14,7 +14,6 @@
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -34,9 +33,7 @@ RELATIVE = "vllm/v1/attention/backends/flashinfer.py"
 
 
 def installed(requirement):
-    python = engine_env.env_python(requirement)
-    (found,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / RELATIVE))
-    return Path(found).read_text()
+    return engine_env.installed_path(requirement, RELATIVE).read_text()
 
 
 def init_of(text):

@@ -19,7 +19,6 @@ wrapper's constructor stops ``__init__`` once the indptr buffers are allocated (
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -52,10 +51,7 @@ def defs_of(tree):
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
-    python = engine_env.env_python("sglang==0.5.23")
-    (path,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "sglang" / "srt" / "layers"
-                            / "attention" / "flashinfer_mla_backend.py"))
-    fixed = Path(path).read_text()
+    fixed = engine_env.installed_path("sglang==0.5.23", "sglang/srt/layers/attention/flashinfer_mla_backend.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.5.23")[0] == "fixed-upstream"
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(derive(fixed))}, "0.5.19")
     assert verdict[0] == "patch" and "not the padded batch" in verdict[1], verdict

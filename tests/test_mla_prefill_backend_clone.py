@@ -16,7 +16,6 @@
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -50,9 +49,7 @@ def derive(text):
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
-    python = engine_env.env_python("vllm==0.27.1")
-    (path,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / RELATIVE))
-    fixed = Path(path).read_text()
+    fixed = engine_env.installed_path("vllm==0.27.1", RELATIVE).read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.27.1")[0] == "fixed-upstream"
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(derive(fixed))}, "0.24.0")
     assert verdict[0] == "patch" and "shares the layer's MLA prefill backend" in verdict[1], verdict

@@ -15,7 +15,6 @@ tests/test_sglang_real.py, tests/sglang_real_check.py ``clamp_exercise``).
 import ast
 import copy
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -42,9 +41,7 @@ GATE_AS_0_29 = semantic.Backport(id="test-gate-0.29", engine="vllm", versions=">
 
 
 def installed(requirement, relative):
-    python = engine_env.env_python(requirement)
-    (found,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / relative))
-    return Path(found).read_text()
+    return engine_env.installed_path(requirement, relative).read_text()
 
 
 def _def(text, qualname):

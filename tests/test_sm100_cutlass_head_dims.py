@@ -15,7 +15,6 @@ engine process: the derived shape reads ``patch``, 0.5.23 ``fixed-upstream`` (th
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -51,10 +50,7 @@ def derive(text):
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
-    python = engine_env.env_python("sglang==0.5.23")
-    (path,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "sglang" / "srt" / "layers"
-                            / "attention" / "flashinfer_backend.py"))
-    fixed = Path(path).read_text()
+    fixed = engine_env.installed_path("sglang==0.5.23", "sglang/srt/layers/attention/flashinfer_backend.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.5.23")[0] == "fixed-upstream"
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: derive(fixed)}, "0.5.20")
     assert verdict[0] == "patch" and "CUTLASS whatever" in verdict[1], verdict

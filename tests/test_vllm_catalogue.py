@@ -27,7 +27,6 @@ replaced by a CPU stand-in that returns a base-2 LSE as FlashInfer does; see tha
 import ast
 import copy
 import functools
-import glob
 import json
 import os
 import sys
@@ -52,14 +51,8 @@ PAGES, FP8, RELOAD = "vllm-dcp-page-counts", "vllm-fp8-kv-sharing-view", "vllm-s
 PATCHES = {p.id: p for p in vllm_patch.PATCHES}
 
 
-def site_packages(requirement):
-    python = engine_env.env_python(requirement)
-    (found,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages"))
-    return Path(found)
-
-
 def installed(requirement, module):
-    return site_packages(requirement) / (module.replace(".", "/") + ".py")
+    return engine_env.installed_path(requirement, module.replace(".", "/") + ".py")
 
 
 @functools.lru_cache(maxsize=None)

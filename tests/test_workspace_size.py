@@ -12,7 +12,6 @@ process: the derived shape reads ``patch`` and 0.27.1 ``fixed-upstream`` (the sw
 
 import ast
 import functools
-import glob
 import sys
 from pathlib import Path
 
@@ -42,10 +41,7 @@ def derived_def(text):
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
-    python = engine_env.env_python("vllm==0.27.1")
-    (path,) = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm" / "v1" / "attention"
-                            / "backends" / "flashinfer.py"))
-    fixed = Path(path).read_text()
+    fixed = engine_env.installed_path("vllm==0.27.1", "vllm/v1/attention/backends/flashinfer.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.27.1")[0] == "fixed-upstream"
     tree = ast.parse(fixed)
     cls = next(c for c in tree.body if getattr(c, "name", None) == QUALNAME.split(".")[0])
