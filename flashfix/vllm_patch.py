@@ -1,27 +1,4 @@
-"""vLLM patches.
-
-vllm-sink-prefill (vLLM PR #52148)
-    Why: PR #49718 let vLLM's FlashInfer backend serve attention-sink models (GPT-OSS) on SM12x,
-    sinks applied by the XQA decode kernel (``supports_sink`` admits family 120 with a decode-only
-    gate), but prefill still runs FlashInfer's generic ``BatchPrefillWithPagedKVCacheWrapper``,
-    whose ``run(..., sinks=...)`` accepts the sinks and never reads them: silently wrong output
-    (GSM8K 0.0 for GPT-OSS-20b on a DGX Spark). 0.30.0 admits SM90 the same way.
-    How: two hunks and a global, applied together or not at all. The prefill-wrapper factory
-    builds ``BatchAttentionWithAttentionSinkWrapper`` into each slot for sink models on the GPUs
-    that ``supports_sink`` admits with a decode-only gate (``$GPUS``, read from the build's own
-    gates: procedural, see ``_sink_gpus``); ``forward`` runs it with the sinks and the scale
-    ``sm_scale * q_scale * k_scale`` (v_scale separate) and runs any other wrapper as before,
-    without ``sinks=``. The sink class is added to the module's globals from ``flashinfer``.
-    Upstream's fix differs between the two slots, so ``fixed_if`` recognises it instead of the
-    after-forms, and the derived pre-fix shapes come from reverting upstream's change
-    (tests/vllm_prefix_shape.py). Long form: docs/patches/vllm-sink-prefill.md.
-    Affected: no PyPI release (0.27.1 and older admit sinks only with trtllm-gen prefill; 0.28.0
-    has the fix); main-branch builds between #49718 and #52148 (``0.27.2.devN``, ``0.28.0.devN``,
-    vendor containers) and forks without #52148. The range is open above: the probe answers
-    "patch" only when every pre-fix fact holds at once.
-    Delete when: the oldest supported vLLM is 0.28.0, or no main-branch build from before
-    2026-08-13 (nor a fork without #52148) is in use.
-"""
+"""vLLM patches: one declaration each, its ``doc`` says why, how, upstream, affected and when to delete it."""
 
 import ast
 
@@ -145,12 +122,36 @@ def _sink_wrapper_is_generic(module):
         raise ShapeError("flashinfer's %s is not a %s (forward's checks would refuse it)" % (SINK_WRAPPER, GENERIC_WRAPPER))
 
 
+# A string, not the module docstring: ``python -OO`` drops docstrings, and a declaration needs its doc.
+_SINK_DOC = """vllm-sink-prefill (vLLM PR #52148)
+    Why: PR #49718 let vLLM's FlashInfer backend serve attention-sink models (GPT-OSS) on SM12x,
+    sinks applied by the XQA decode kernel (``supports_sink`` admits family 120 with a decode-only
+    gate), but prefill still runs FlashInfer's generic ``BatchPrefillWithPagedKVCacheWrapper``,
+    whose ``run(..., sinks=...)`` accepts the sinks and never reads them: silently wrong output
+    (GSM8K 0.0 for GPT-OSS-20b on a DGX Spark). 0.30.0 admits SM90 the same way.
+    How: two hunks and a global, applied together or not at all. The prefill-wrapper factory
+    builds ``BatchAttentionWithAttentionSinkWrapper`` into each slot for sink models on the GPUs
+    that ``supports_sink`` admits with a decode-only gate (``$GPUS``, read from the build's own
+    gates: procedural, see ``_sink_gpus``); ``forward`` runs it with the sinks and the scale
+    ``sm_scale * q_scale * k_scale`` (v_scale separate) and runs any other wrapper as before,
+    without ``sinks=``. The sink class is added to the module's globals from ``flashinfer``.
+    Upstream's fix differs between the two slots, so ``fixed_if`` recognises it instead of the
+    after-forms, and the derived pre-fix shapes come from reverting upstream's change
+    (tests/vllm_prefix_shape.py). Long form: docs/patches/vllm-sink-prefill.md.
+    Affected: no PyPI release (0.27.1 and older admit sinks only with trtllm-gen prefill; 0.28.0
+    has the fix); main-branch builds between #49718 and #52148 (``0.27.2.devN``, ``0.28.0.devN``,
+    vendor containers) and forks without #52148. The range is open above: the probe answers
+    "patch" only when every pre-fix fact holds at once.
+    Delete when: the oldest supported vLLM is 0.28.0, or no main-branch build from before
+    2026-08-13 (nor a fork without #52148) is in use.
+"""
+
 SINK_PREFILL = Backport(
     id=PATCH_ID, engine="vllm", versions=">=0.27.0.dev0", fixed_in="0.28.0",
     upstream="https://github.com/vllm-project/vllm/pull/52148",
     summary="prefill with attention sinks uses FlashInfer's sink wrapper on the GPUs where the build serves "
             "sinks with a generic prefill, instead of silently dropping sinks",
-    doc=__doc__, needs={SINK_WRAPPER: "flashinfer"}, context=_sink_gpus, check=_sink_wrapper_is_generic,
+    doc=_SINK_DOC, needs={SINK_WRAPPER: "flashinfer"}, context=_sink_gpus, check=_sink_wrapper_is_generic,
     hunks=(
         Rule(TARGET, FACTORY, every=True, fixed_if=SINK_WRAPPER,
              fixed="%s builds %s for sink models (vLLM PR #52148 is in)" % (FACTORY, SINK_WRAPPER),

@@ -394,3 +394,23 @@ def test_a_pattern_of_several_lines_reads_as_lines_in_the_doctors_table(tmp_path
     assert lines[row].split()[1:4] == ["sglang", "0.5.17", "patch"], lines[row]
     assert lines[row].endswith("has the pre-fix form `if decode_backend.is_triton():")
     assert lines[row + 1:row + 4] == [" " * column + "    $$$T", " " * column + "else:", " " * column + "    $$$E`"]
+
+
+def test_flashfix_own_packs_load_under_python_OO():
+    """``python -OO`` drops docstrings: a declaration whose doc was its module's docstring failed to
+    load (no 'Delete when:'), and the whole vLLM pack with it. Every own pack loads, each patch
+    with its delete-when text, in an interpreter that strips docstrings."""
+    code = textwrap.dedent("""
+        import json, sys
+        assert sys.flags.optimize == 2
+        from flashfix import flashinfer_patch, sglang_patch, vllm_patch
+        rows = [(p.id, p.delete_when) for m in (flashinfer_patch, sglang_patch, vllm_patch)
+                for p in getattr(m, "PATCHES", ()) + ((m.PATCH,) if hasattr(m, "PATCH") else ())]
+        print(json.dumps(rows))
+    """)
+    proc = subprocess.run([sys.executable, "-OO", "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), FLASHFIX_DISABLE="all"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert "vllm-sink-prefill" in dict(rows) and len(rows) >= 20
+    assert [pid for pid, delete_when in rows if not delete_when] == []
