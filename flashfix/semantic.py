@@ -285,9 +285,8 @@ _WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast
 
 
 def words(node):
-    """The identifiers and strings that ``node`` itself spells (not its children's): a def or
-    class name, an imported module or name, a name, an attribute, a keyword or argument name,
-    a string constant."""
+    """The identifiers and strings that ``node`` itself spells (not its children's): a def or class name, an
+    imported module or name, a name, an attribute, a keyword or argument name, a string constant."""
     if isinstance(node, ast.Constant):
         return [node.value] if isinstance(node.value, str) and node.value else []
     return [w for w in (getattr(node, f) for f in _WORD_FIELDS.get(type(node), ())) if w]
@@ -452,6 +451,9 @@ class Rule:
             return Shape(UNKNOWN, "the call %s at line %d %s (pattern `%s`)" % (
                 ast.unparse(node.func), node.lineno, how, _show(p)))
         return Shape(UNKNOWN, "`%s` at line %d%s differs from `%s`" % (_text(node)[:80], node.lineno, where, _show(p)))
+
+    def touches(self, func_def, given=None):  # the nodes ``edit`` replaces (``_source.copy_paths``)
+        return [n for node, _ in self.site(func_def, None, given)[0] for n in (node.body if isinstance(node, Block) else [node])]
 
     def edit(self, func_def, mark, given=None, names=None):
         """The runtime edit (also ``flashfix diff``'s): each pre-fix node becomes ``after``, with
@@ -626,6 +628,7 @@ class Declaration:
         for rule, modname, qualname, node in located:
             target = modules.get(modname) or importlib.import_module(modname)
             edit = functools.partial(rule.edit, given=given, names=names)
+            edit.touches = functools.partial(rule.touches, given=given)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
@@ -692,25 +695,23 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     """A declarative backport (patterns: the module docstring), as a ``flashfix.core.registry.Patch``.
 
     Required ``str``s: ``id`` (unique: prefix it with your own), ``engine`` (``vllm``, ``sglang``,
-    ``flashinfer-python``), ``versions`` (PEP 440: where the pre-fix form is patched), ``upstream``
-    (the PR's URL), ``fixed_in``, ``summary`` (one line), ``doc`` (why, how, ``Delete when:``).
-    One hunk: ``module``, ``function`` (``"Class.method"``, ``"function"``, a class, or None: the
-    module's top level), ``before``, ``after`` (str patterns), and ``Rule``'s optional keywords:
-    ``where``, ``inside`` (str patterns), ``fixed_if`` (str or tuple of str: the fix is in; default
-    ``after``), ``fixed``, ``buggy`` (str reasons, ``str.format``: ``{line}``, ``{name}``,
-    ``{form}``, the metavariables), ``constraints`` (dict: metavariable -> regex on its code),
-    ``every`` (bool: replace every match), ``absent_unless_mentioned`` (str: not-affected where the
-    code never mentions it; else an absent target is unknown-shape). ``$SELF``: the function's
-    first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple of
-    ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
-    ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple
-    of one ``(module, function)`` per hunk). ``needs``: dict
-    ``{name: module}``, globals the new code reads that the target may lack. ``context``: callable
-    ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape`` that decides; ``check``:
-    callable ``(module)``, at apply time. Either refuses by raising ``ShapeError`` (``from
-    flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
-    dict ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed (a wheel read: its own exact pins). Reference:
-    docs/writing-a-backport.md."""
+    ``flashinfer-python``), ``versions`` (PEP 440: where the pre-fix form is patched), ``upstream`` (the PR's
+    URL), ``fixed_in``, ``summary`` (one line), ``doc`` (why, how, ``Delete when:``). One hunk: ``module``,
+    ``function`` (``"Class.method"``, ``"function"``, a class, or None: the module's top level), ``before``,
+    ``after`` (str patterns), and ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
+    ``fixed_if`` (str or tuple of str: the fix is in; default ``after``), ``fixed``, ``buggy`` (str reasons,
+    ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables), ``constraints`` (dict:
+    metavariable -> regex on its code), ``every`` (bool: replace every match), ``absent_unless_mentioned``
+    (str: not-affected where the code never mentions it; else an absent target is unknown-shape). ``$SELF``:
+    the function's first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple
+    of ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
+    ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple of one
+    ``(module, function)`` per hunk). ``needs``: dict ``{name: module}``, globals the new code reads that the
+    target may lack. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape``
+    that decides; ``check``: callable ``(module)``, at apply time. Either refuses by raising ``ShapeError``
+    (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``: dict
+    ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed (a wheel read: its own exact
+    pins). Reference: docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)

@@ -1,13 +1,11 @@
 """The patch registry: declarations, the two gates, atomic apply, revert and status.
 
-A patch pack (``flashfix/<engine>_patch.py``, or another distribution's, see ``_packs``)
-declares ``Patch`` objects in ``PATCHES``; ``_declare`` registers them. Nothing here knows any
-engine. For each patch, once all its target modules
-are imported:
+A patch pack (``flashfix/<engine>_patch.py``, or another distribution's, see ``_packs``) declares
+``Patch`` objects in ``PATCHES``; ``_declare`` registers them. Nothing here knows any engine. For
+each patch, once all its target modules are imported:
 
 1. disabled by FLASHFIX_DISABLE? -> ``disabled``
-2. the shape probe reads the targets' source (ast; a target without source is
-   ``unknown-shape``):
+2. the shape probe reads the targets' source (ast; a target without source is ``unknown-shape``):
    fix already there -> ``fixed-upstream``; bug unreachable in this code -> ``not-affected``;
    unrecognised -> ``unknown-shape``; pre-fix shape -> 3.
 3. version gate: the installed version must be inside ``versions`` (pre-releases and dev
@@ -23,11 +21,10 @@ from another module's import. The targets are then taken out of sys.modules, as 
 for a failed import, so every later import of them runs them again, is judged again and fails
 again; that also covers a target whose import was over before flashfix was activated.
 
-Threads: the lock guards bookkeeping only; it is never held while a probe, a
-``prepare()`` or an apply runs (they may import), so an import in another thread never waits
-on flashfix. A patch being decided in one thread is skipped by another (``busy``), and
-decided again if its targets ran again meanwhile. A reload of a target runs the decision
-again for the new functions.
+Threads: the lock guards bookkeeping only; it is never held while a probe, a ``prepare()`` or an
+apply runs (they may import), so an import in another thread never waits on flashfix. A patch
+being decided in one thread is skipped by another (``busy``), and decided again if its targets
+ran again meanwhile. A reload of a target runs the decision again for the new functions.
 """
 
 import importlib
@@ -111,11 +108,10 @@ class SetAttr:
 
 
 class SwapCode:
-    """Give an existing function new code, so every reference to it (``from x import f``
-    copies included) runs the fix. ``marked`` reports its first run, then swaps itself for
-    ``plain``; undone only if the function still runs one of the two. The marker reaches
-    ``mark_ran`` through one global of the function's module (``_source.MARK_NAME``), added
-    with the first swap into that module and removed when the last is undone."""
+    """Give an existing function new code, so every reference to it (``from x import f`` copies included) runs
+    the fix. ``marked`` reports its first run, then swaps itself for ``plain``; undone only if the function
+    still runs one of the two. The marker reaches ``mark_ran`` through one global of the function's module
+    (``_source.MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
 
     def __init__(self, func, marked, plain, site):
         self.func, self.marked, self.plain, self.site = func, marked, plain, site
@@ -171,7 +167,7 @@ def _name(owner):
 def rewrite(func, edit, patch_id):
     """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``)."""
     site = "%s:%s" % (patch_id, func.__qualname__)
-    marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)))
+    marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)), getattr(edit, "touches", None))
     return SwapCode(func, marked, plain, site)
 
 
@@ -197,9 +193,8 @@ def config():
 
 
 class _Fallback(logging.StreamHandler):
-    """flashfix's records on stderr, but only while the application has configured no logging
-    of its own (the root logger has no handler); from then on they reach its handlers by
-    propagation, like any library's."""
+    """flashfix's records on stderr, but only while the application has configured no logging of its own (the
+    root logger has no handler); from then on they reach its handlers by propagation, like any library's."""
 
     def __init__(self):
         super().__init__(sys.stderr)
@@ -373,6 +368,7 @@ def load_engine(top):
         fresh = [p for p in declared if p.id not in _hooked]
         _hooked.update(p.id for p in fresh)
     _each(fresh, lambda patch: _hook_patch(patch, cfg))
+    _source.forget()  # the patterns and trees read to declare and hook: the engine's own import reuses their memory
     if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
         raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
 
@@ -578,10 +574,9 @@ def _set(patch, state, reason):
 
 
 def mark_ran(site):
-    """Called by the marker statement inside rewritten code (as ``__flashfix_mark__(site)``):
-    record that the patch ran, then give the function its marker-free code. Written so that
-    ``torch.compile`` traces it (dict lookups and one store, replayed by the compiled code);
-    while tracing, the code is left alone."""
+    """Called by the marker statement inside rewritten code (as ``__flashfix_mark__(site)``): record that the
+    patch ran, then give the function its marker-free code. Written so that ``torch.compile`` traces it (dict
+    lookups and one store, replayed by the compiled code); while tracing, the code is left alone."""
     record = _records.get(site.split(":", 1)[0])
     if record is not None:
         record["ran"] = True

@@ -69,6 +69,8 @@ def equal(a, b):
     pairs = [(a, b)]
     while pairs:
         x, y = pairs.pop()
+        if x is y:  # a subtree the edit shares with the original (``_source.copy_paths``)
+            continue
         x, y = (None if v == [] else v for v in (x, y))  # an empty list prints as nothing, like None
         if type(x) is not type(y) or isinstance(x, list) and len(x) != len(y):
             return False

@@ -22,6 +22,7 @@ f`` copies in other modules, runs the fix, and the per-call cost is that of the 
 import ast
 import contextlib
 import copy
+import operator
 import re
 import unicodedata
 import weakref
@@ -100,13 +101,12 @@ def _pieces(text, masked, start, end, indent, line):
 class Module(ast.Module):
     """``ast.Module`` of ``text``, read by Python's own parser piece by piece (``statements()``).
 
-    The text is cut where Python starts a top-level statement, a class also where a statement of
-    its body starts (``_pieces``: strings, comments and brackets found as Python's tokenizer finds
-    them), and a lookup parses alone, with the file's lines and columns, only the pieces that can
-    bind its name (a ``def`` or ``class`` binds its own name only; any other piece must spell it).
-    Where the text leaves a doubt (a quote that opens no string, an f-string that may nest its
-    quotes, unbalanced brackets, a bare CR, names not in NFKC form) or a piece does not parse
-    alone, the file is parsed whole. ``body`` is every statement."""
+    The text is cut where Python starts a top-level statement, a class also where a statement of its body
+    starts (``_pieces``: strings, comments and brackets found as Python's tokenizer finds them), and a lookup
+    parses alone, with the file's lines and columns, only the pieces that can bind its name (a ``def`` or
+    ``class`` binds its own name only; any other piece must spell it). Where the text leaves a doubt (a quote
+    that opens no string, an f-string that may nest its quotes, unbalanced brackets, a bare CR, names not in
+    NFKC form) or a piece does not parse alone, the file is parsed whole. ``body`` is every statement."""
 
     def __init__(self, text, origin=None):
         super().__init__(type_ignores=[])
@@ -283,12 +283,11 @@ _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def find_def(tree, qualname):
-    """The ``FunctionDef``/``ClassDef`` that Python binds to ``qualname`` (``"Class.method"``)
-    in ``tree``, or None if nothing there binds that name. Where a name is defined more than
-    once in one scope, Python binds the last definition, and so does this. ShapeError where
-    what is bound cannot be read from the source: the last statement that binds the name is
-    not a plain definition (a definition inside ``if``/``try``/``with``/a loop, an assignment,
-    an import, ``del``...)."""
+    """The ``FunctionDef``/``ClassDef`` that Python binds to ``qualname`` (``"Class.method"``) in ``tree``, or
+    None if nothing there binds that name. Where a name is defined more than once in one scope, Python binds
+    the last definition, and so does this. ShapeError where what is bound cannot be read from the source: the
+    last statement that binds the name is not a plain definition (a definition inside
+    ``if``/``try``/``with``/a loop, an assignment, an import, ``del``...)."""
     parts, defs = qualname.split("."), getattr(tree, "flashfix_defs", None)
     if isinstance(tree, Module):
         if any(part not in tree.flashfix_text for part in parts) and unicodedata.is_normalized("NFKC", tree.flashfix_text):
@@ -607,15 +606,14 @@ def _const_difference(x, y, where):
     return None
 
 
-def rewrite(func, edit):
-    """New code objects for ``func`` after ``edit(def_node)`` (which edits in place and may
-    insert ``marker(site)`` statements). Returns ``(code_with_marker, code_without)``.
+def rewrite(func, edit, touches=None):
+    """New code objects for ``func`` after ``edit(def_node)`` (which edits in place and may insert
+    ``marker(site)`` statements). Returns ``(code_with_marker, code_without)``.
 
-    The function's source is read now and recompiled unedited first: unless that gives the
-    very code object tree that is loaded (bytecode, constants, names, nested code, flags),
-    nothing is done (ShapeError): the file was edited after import, or someone else already
-    changed the function. ShapeError also when ``edit`` refuses.
-    """
+    The function's source is read now and recompiled unedited first: unless that gives the very code object
+    tree that is loaded (bytecode, constants, names, nested code, flags), nothing is done (ShapeError): the
+    file was edited after import, or someone else already changed the function. ShapeError also when ``edit``
+    refuses. ``touches(def_node)``: the nodes ``edit`` replaces, so that only they are copied (``copy_paths``)."""
     tree = parse_text(*function_source(func))
     text, origin = tree.flashfix_text, tree.flashfix_origin  # the text already read, not a second copy
     original = _def_node(func, tree)
@@ -625,13 +623,26 @@ def rewrite(func, edit):
             "the source of %s on disk differs from the loaded code (edited after import, or already patched): %s"
             % (func.__qualname__, problem)
         )
-    node = copy.deepcopy(original)
+    node = copy.deepcopy(original) if touches is None else copy_paths(original, touches(original))
     edit(node)
     rendered = render_edit(text, original, node, origin)  # compiled from the text ``flashfix diff`` shows
     del original, node, text  # a long function's trees are megabytes: free them before compiling again
     with_marker = _compile(func, rendered.tree(rendered.MARKED), tree)
     without = _compile(func, rendered.tree(rendered.PLAIN), tree)
     return with_marker, without
+
+
+def copy_paths(root, nodes):
+    """``root`` for an edit that replaces ``nodes``: they, what holds them and its lists are copied, the rest shared."""
+    def visit(node):
+        new = {f: [visit(v) if isinstance(v, ast.AST) else v for v in value] if isinstance(value, list) else visit(value)
+               for f, value in ast.iter_fields(node) if isinstance(value, (list, ast.AST))}
+        if id(node) in wanted or not all(all(map(operator.is_, v, getattr(node, f))) if isinstance(v, list)
+                                         else v is getattr(node, f) for f, v in new.items()):
+            (node := copy.copy(node)).__dict__.update(new)
+        return node
+    wanted = {id(n) for n in nodes}
+    return visit(root)
 
 
 def render_edit(text, original, edited, origin=None):

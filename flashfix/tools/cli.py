@@ -22,9 +22,8 @@ def _add_sources(parser):
 
 
 def open_sources(sources, stack):
-    """The reader for ``--path``/``--python`` values (None: this interpreter); the interpreters
-    asked are closed with ``stack`` (an ``ExitStack``). SourceError (with its message) when one
-    cannot be read."""
+    """The reader for ``--path``/``--python`` values (None: this interpreter); the interpreters asked are
+    closed with ``stack`` (an ``ExitStack``). SourceError (with its message) when one cannot be read."""
     from flashfix.tools import doctor as _doctor
     from flashfix.core import paths as _paths
 

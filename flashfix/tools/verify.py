@@ -106,9 +106,8 @@ def _stop(code, message, as_json, **report):
 
 
 def _run_checks(wanted, as_json, start):
-    """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the
-    engine's wheel or tree, None for the installed engine) side by side in child processes, with
-    progress lines."""
+    """Run the numeric checks of the patches in ``wanted`` (``{(patch id, path)}``, path: the engine's wheel
+    or tree, None for the installed engine) side by side in child processes, with progress lines."""
     procs = {}
     for (name, patch_id, _, expr), path in [(c, p) for c in CHECKS for i, p in sorted(wanted, key=str) if i == c[1]]:
         name += " (%s)" % os.path.basename(path.rstrip("/")) if path else ""
