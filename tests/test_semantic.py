@@ -12,7 +12,7 @@ import engine_env  # noqa: E402
 import this_checkout
 
 this_checkout.flashfix()
-from flashfix import semantic, sglang_patch
+from flashfix import semantic, sglang_patch, vllm_patch
 from flashfix.core import registry as _registry
 from flashfix.core import render as _render
 from flashfix.core import source as _source  # noqa: E402
@@ -356,3 +356,24 @@ def test_the_matchers_walk_is_ast_walk():
     for tree in (ast.parse(installed("0.5.17", "sglang.srt.layers.attention.flashinfer_backend")),
                  pattern("f($A, **$$$K)\nx.y = [1, 2]")):  # a Block of statements too
         assert [id(n) for n in _source.walk(tree)] == [id(n) for n in ast.walk(tree)]
+
+
+@pytest.mark.parametrize("patch", [vllm_patch.DCP_PAGE_COUNTS, vllm_patch.DCP_LSE, vllm_patch.XQA_HEAD_DIM],
+                         ids=lambda p: p.id)
+def test_a_rewrite_copies_only_what_its_edit_replaces(patch):
+    # the runtime's rewrite copies the def along the paths to the nodes the edit replaces
+    # (_source.copy_paths) instead of deep-copying it: the edit must come out the same as on a deep
+    # copy, the probe's tree must stay as read, and the rest must be shared, not copied
+    rule = patch.rule.hunks[0]
+    func = _source.find_def(ast.parse(installed("0.28.0", rule.module, "vllm")), rule.function)
+    as_read, deep = ast.dump(func), copy.deepcopy(func)
+    rule.edit(deep, _source.marker("t:x"))
+    shared = _source.copy_paths(func, rule.touches(func))
+    rule.edit(shared, _source.marker("t:x"))
+    assert ast.dump(shared) == ast.dump(deep) != as_read
+    assert ast.dump(func) == as_read
+    originals = {id(n) for n in ast.walk(func)}
+    kept = sum(id(n) in originals for n in ast.walk(shared))
+    assert kept > 0.8 * len(originals), (kept, len(originals))
+    rendered = _source.render_edit(installed("0.28.0", rule.module, "vllm"), func, shared)
+    assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(_render._strip_markers(deep))
