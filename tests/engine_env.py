@@ -79,13 +79,19 @@ if __name__ == "__main__":
         print(req, env_python(req), flush=True)
 
 
+def site_packages(python) -> Path:
+    """The site-packages folder of the virtual environment whose interpreter is ``python``."""
+    import glob
+
+    (found,) = glob.glob(str(Path(python).parent.parent / "lib" / "python*" / "site-packages"))
+    return Path(found)
+
+
 def installed_path(requirement: str, relative: str = "") -> Path:
     """``relative`` (e.g. ``"sglang/srt/layers/attention/flashinfer_backend.py"``) inside the site-packages
     of ``requirement``'s environment (built if missing); the site-packages folder itself for ``""``."""
-    import glob
-
-    (found,) = glob.glob(str(env_python(requirement).parent.parent / "lib" / "python*" / "site-packages"))
-    return Path(found) / relative if relative else Path(found)
+    found = site_packages(env_python(requirement))
+    return found / relative if relative else found
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,7 +4,6 @@ real SGLang source (the 0.5.17 and 0.5.18 engine environments' installed files, 
 import ast
 import copy
 import difflib
-import glob
 
 import pytest
 
@@ -136,10 +135,7 @@ def test_declaration_without_delete_when_is_refused():
 
 def installed(release, module, engine="sglang"):
     """The text of ``module`` as installed in that release's environment (built if missing)."""
-    venv = engine_env.env_python("%s==%s" % (engine, release)).parent.parent
-    (found,) = glob.glob(str(venv / "lib" / "python*" / "site-packages" / (module.replace(".", "/") + ".py")))
-    with open(found) as handle:
-        return handle.read()
+    return engine_env.installed_path("%s==%s" % (engine, release), module.replace(".", "/") + ".py").read_text()
 
 
 def probe(patch, text):

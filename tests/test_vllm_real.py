@@ -19,7 +19,6 @@ as much as it can and reports through ``FLASHFIX_RESULT=`` lines.
 
 import ast
 import copy
-import glob
 import json
 import os
 import sys
@@ -77,11 +76,7 @@ def report(value):
 
 
 def installed_file(requirement):
-    python = engine_env.env_python(requirement)
-    found = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm" / "v1" / "attention"
-                          / "backends" / "flashinfer.py"))
-    assert len(found) == 1, found
-    return found[0]
+    return str(engine_env.installed_path(requirement, "vllm/v1/attention/backends/flashinfer.py"))
 
 
 def release_env(requirement):

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine_env import site_packages  # noqa: F401  (read from here by the vet tests)
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 
@@ -107,11 +109,6 @@ def digests(rows):
             key = source.get("module") or "dist:" + source["distribution"]
             out[(row["id"], key)] = source["sha256"]
     return out
-
-
-def site_packages(python):
-    (found,) = glob.glob(str(Path(python).parent.parent / "lib" / "python*" / "site-packages"))
-    return Path(found)
 
 
 def write_prefix_tree(dest, fixed_path, version="0.27.2.dev41+g0123abc"):
