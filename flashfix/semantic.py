@@ -628,9 +628,9 @@ class Declaration:
         for rule, modname, qualname, node in located:
             target = modules.get(modname) or importlib.import_module(modname)
             edit = functools.partial(rule.edit, given=given, names=names)
-            edit.touches = functools.partial(rule.touches, given=given)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id))
+                swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id,
+                                               functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
             owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
             space = dict(vars(owner))

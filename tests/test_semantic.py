@@ -361,7 +361,8 @@ def test_a_rewrite_copies_only_what_its_edit_replaces(patch):
     # (_source.copy_paths) instead of deep-copying it: the edit must come out the same as on a deep
     # copy, the probe's tree must stay as read, and the rest must be shared, not copied
     rule = patch.rule.hunks[0]
-    func = _source.find_def(ast.parse(installed("0.28.0", rule.module, "vllm")), rule.function)
+    text = installed("0.28.0", rule.module, "vllm")
+    func = _source.find_def(ast.parse(text), rule.function)
     as_read, deep = ast.dump(func), copy.deepcopy(func)
     rule.edit(deep, _source.marker("t:x"))
     shared = _source.copy_paths(func, rule.touches(func))
@@ -371,5 +372,5 @@ def test_a_rewrite_copies_only_what_its_edit_replaces(patch):
     originals = {id(n) for n in ast.walk(func)}
     kept = sum(id(n) in originals for n in ast.walk(shared))
     assert kept > 0.8 * len(originals), (kept, len(originals))
-    rendered = _source.render_edit(installed("0.28.0", rule.module, "vllm"), func, shared)
+    rendered = _source.render_edit(text, func, shared)
     assert ast.dump(rendered.tree(_render.PLAIN)) == ast.dump(_render._strip_markers(deep))

@@ -164,10 +164,10 @@ def _name(owner):
     return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
 
 
-def rewrite(func, edit, patch_id):
-    """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``)."""
+def rewrite(func, edit, patch_id, touches=None):
+    """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``, also for ``touches``)."""
     site = "%s:%s" % (patch_id, func.__qualname__)
-    marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)), getattr(edit, "touches", None))
+    marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)), touches)
     return SwapCode(func, marked, plain, site)
 
 
