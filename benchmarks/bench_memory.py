@@ -2,7 +2,8 @@
 
 In a real engine environment, a fresh process imports the patch targets (flashfix active, or
 ``FLASHFIX_DISABLE=all``), alternating, and reports its resident set (``VmRSS``) and peak
-(``VmHWM``) after a ``gc.collect()``. Prints the medians per column and the median of the
+(``VmHWM``) after a ``gc.collect()``, and the bytes in pymalloc's allocated blocks (the small
+objects alive, whatever arenas the allocator keeps around them). Prints the medians per column and the median of the
 paired differences; then the same process imports what a serving process imports next (``SERVING``)
 and reports its resident set again. flashfix is imported from a copy with its bytecode compiled (as installed
 in an image), so the figure is flashfix's, not the compiler's.
@@ -51,12 +52,29 @@ def imported(names):
     return {key: int(status[key].split()[0]) for key in ("VmRSS", "VmHWM")}
 
 
+def blocks():
+    """Bytes in pymalloc's allocated blocks (the small objects alive), read after the RSS."""
+    import os, re, tempfile
+    saved, out = os.dup(2), tempfile.TemporaryFile()
+    os.dup2(out.fileno(), 2)
+    try:
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    out.seek(0)
+    found = re.search(rb"# bytes in allocated blocks\s*=\s*([\d,]+)", out.read())
+    return int(found.group(1).replace(b",", b"")) // 1024 if found else 0
+
+
 first = imported(%r)
+first["blocks"] = blocks()
 states = {}
 if "flashfix" in sys.modules:
     states = {r["id"]: r["state"] for r in sys.modules["flashfix"].status()}
 then = imported(%r)
-print("RESULT=" + json.dumps({"rss": first["VmRSS"], "hwm": first["VmHWM"], "serving": then["VmRSS"], "states": states}))
+print("RESULT=" + json.dumps({"rss": first["VmRSS"], "hwm": first["VmHWM"], "blocks": first["blocks"],
+                             "serving": then["VmRSS"], "states": states}))
 '''
 
 
@@ -93,7 +111,7 @@ def measure(requirement, runs, path):
                 states = result["states"]
     row = {"release": requirement, "runs": runs, "states": {k: v for k, v in (states or {}).items()
                                                              if k.startswith(engine)}}
-    for key in ("rss", "hwm", "serving"):
+    for key in ("rss", "hwm", "blocks", "serving"):
         row[key + "_active_mib"] = statistics.median(v[key] for v in values["active"]) / 1024
         row[key + "_disabled_mib"] = statistics.median(v[key] for v in values["disabled"]) / 1024
         row[key + "_added_mib"] = statistics.median(
@@ -113,12 +131,12 @@ def main():
     if args.json:
         print(json.dumps(rows))
         return
-    print("| release | patches | RSS active / disabled | RSS added | peak RSS added | added, serving modules imported too |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| release | patches | RSS active / disabled | RSS added | peak RSS added | small objects added | added, serving modules imported too |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print("| %s | %s | %.1f / %.1f MiB | %+.2f MiB | %+.2f MiB | %+.2f MiB |" % (
+        print("| %s | %s | %.1f / %.1f MiB | %+.2f MiB | %+.2f MiB | %+.2f MiB | %+.2f MiB |" % (
             r["release"], ", ".join("%s %s" % kv for kv in sorted(r["states"].items())), r["rss_active_mib"],
-            r["rss_disabled_mib"], r["rss_added_mib"], r["hwm_added_mib"], r["serving_added_mib"]))
+            r["rss_disabled_mib"], r["rss_added_mib"], r["hwm_added_mib"], r["blocks_added_mib"], r["serving_added_mib"]))
     print("(%d alternating fresh processes per column, medians; targets imported: %s; then: %s)" % (
         args.runs, "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in TARGETS.items()),
         "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in SERVING.items())))
