@@ -25,6 +25,7 @@ import this_checkout
 
 this_checkout.flashfix()
 from flashfix import semantic, sglang_patch  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 FLASHINFER_BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
 MODEL_CONFIG = "sglang.srt.configs.model_config"
@@ -34,18 +35,11 @@ DECLARED = [p for p in sglang_patch.PATCHES if p.id in (sglang_patch.FP8_ID, sgl
 DERIVE = {p.targets[0]: functools.partial(semantic.derive_prefix, p) for p in DECLARED}
 
 
-def _find(tree, qualname):
-    node = tree
-    for part in qualname.split("."):
-        node = next(c for c in node.body if getattr(c, "name", None) == part)
-    return node
-
-
 def autotune_fp8_condition(fixed_source):
     """How the release decides the modelopt-FP8 autotune: the value assigned to
     ``fp8_gemm_needs_autotune`` under the modelopt test, and whether the decision calls
     ``is_sm100_supported`` (the operand #34217 widened) at all."""
-    func = _find(ast.parse(fixed_source), "should_run_flashinfer_autotune")
+    func = _source.find_def(ast.parse(fixed_source), "should_run_flashinfer_autotune")
     values = []
     for node in ast.walk(func):
         if isinstance(node, ast.If) and "'modelopt_fp8'" in ast.unparse(node.test):

@@ -22,6 +22,7 @@ import engine_env  # noqa: E402
 import this_checkout  # noqa: E402
 
 this_checkout.flashfix()
+import derived_swap  # noqa: E402
 from flashfix import sglang_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
 
@@ -31,14 +32,7 @@ QUALNAME = PATCH.rule.hunks[0].function
 
 def derive(text):
     """``text`` with 0.5.10's fix turned back in ``update_cross_attention`` (0.5.9's call)."""
-    cls, name = QUALNAME.split(".")
-    func = next(n for n in next(c for c in ast.parse(text).body if getattr(c, "name", None) == cls).body
-                if getattr(n, "name", None) == name)
-    lines = text.splitlines(True)
-    body = "".join(lines[func.lineno - 1:func.end_lineno])
-    assert body.count("seq_lens_cpu=kv_lens_cpu") == 1, body
-    return "".join(lines[:func.lineno - 1]) + body.replace("seq_lens_cpu=kv_lens_cpu", "seq_lens_cpu=seq_lens_cpu") + \
-        "".join(lines[func.end_lineno:])
+    return derived_swap.replaced_in_def(text, QUALNAME, "seq_lens_cpu=kv_lens_cpu", "seq_lens_cpu=seq_lens_cpu")
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():
@@ -77,11 +71,9 @@ def plans():
 
 row = next(r for r in flashfix.status() if r["id"] == PATCH.id)
 out = {"state": row["state"], "released": plans()}
-tree = ast.parse(derive(open(fb.__file__).read()))
-cls, name = QUALNAME.split(".")
-derived = next(n for n in next(c for c in tree.body if getattr(c, "name", None) == cls).body
-               if getattr(n, "name", None) == name)
-out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(UPDATER.__dict__[name], derived, PATCH.rule.hunks[0], plans)
+from flashfix.core import source as _source
+derived = _source.find_def(ast.parse(derive(open(fb.__file__).read())), QUALNAME)
+out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(UPDATER.__dict__[derived.name], derived, PATCH.rule.hunks[0], plans)
 out["after_undo"] = plans()
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
 """ % str(TESTS)

@@ -26,6 +26,7 @@ import this_checkout  # noqa: E402
 this_checkout.flashfix()
 from flashfix import semantic, vllm_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.LAYER_HEADS_PLAN
 RULE = PATCH.rule.hunks[0]
@@ -37,8 +38,7 @@ def installed(requirement):
 
 
 def init_of(text):
-    cls = next(c for c in ast.parse(text).body if getattr(c, "name", None) == "FlashInferMetadataBuilder")
-    return next(n for n in cls.body if getattr(n, "name", None) == "__init__")
+    return _source.find_def(ast.parse(text), "FlashInferMetadataBuilder.__init__")
 
 
 def heads_line(func):
@@ -68,6 +68,7 @@ import derived_swap
 import torch
 import flashfix
 from flashfix import semantic, vllm_patch
+from flashfix.core import source as _source
 import vllm.v1.attention.backends.flashinfer as m
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
@@ -114,9 +115,7 @@ out = {"state": row["state"], "released": planned()}
 out["helpers"] = [[m.get_num_attention_heads_from_layers(CONFIG, n), vllm_patch.get_num_attention_heads_from_layers(CONFIG, n)]
                   for n in GROUPS.values()]
 init = m.FlashInferMetadataBuilder.__dict__["__init__"]
-cls = next(c for c in ast.parse(semantic.derive_prefix(PATCH, open(m.__file__).read())).body
-           if getattr(c, "name", None) == "FlashInferMetadataBuilder")
-derived = next(n for n in cls.body if getattr(n, "name", None) == "__init__")
+derived = _source.find_def(ast.parse(semantic.derive_prefix(PATCH, open(m.__file__).read())), "FlashInferMetadataBuilder.__init__")
 rule = PATCH.rule.hunks[0]
 out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(init, derived, rule, planned)
 m.get_num_attention_heads_from_layers = vllm_patch.get_num_attention_heads_from_layers  # a release without the helper

@@ -31,6 +31,7 @@ import this_checkout  # noqa: E402
 this_checkout.flashfix()
 from flashfix import sglang_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = sglang_patch.MLA_INDPTR_PADDED_BATCH
 FIXED_CALL = "get_cuda_graph_max_batch_size(model_runner.req_to_token_pool.size)"
@@ -43,11 +44,8 @@ def derive(text):
 
 
 def defs_of(tree):
-    out = {}
-    for cls in ("FlashInferMLAAttnBackend", "FlashInferMLAMultiStepDraftBackend"):
-        node = next(c for c in tree.body if getattr(c, "name", None) == cls)
-        out[cls] = next(n for n in node.body if getattr(n, "name", None) == "__init__")
-    return out
+    return {cls: _source.find_def(tree, cls + ".__init__")
+            for cls in ("FlashInferMLAAttnBackend", "FlashInferMLAMultiStepDraftBackend")}
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():

@@ -26,26 +26,23 @@ import engine_env  # noqa: E402
 import this_checkout  # noqa: E402
 
 this_checkout.flashfix()
+import derived_swap  # noqa: E402
 from flashfix import vllm_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.MLA_PREFILL_BACKEND_PER_BUILDER
 RELATIVE = "vllm/model_executor/layers/attention/mla_attention.py"
 
 
 def init_of(tree):
-    cls = next(c for c in tree.body if getattr(c, "name", None) == "MLACommonMetadataBuilder")
-    return next(n for n in cls.body if getattr(n, "name", None) == "__init__")
+    return _source.find_def(tree, "MLACommonMetadataBuilder.__init__")
 
 
 def derive(text):
     """The module with #46993 turned back in the builder's ``__init__`` (0.24.0's shared backend)."""
-    func = init_of(ast.parse(text))
-    lines = text.splitlines(True)
-    body = "".join(lines[func.lineno - 1:func.end_lineno])
-    assert body.count(".prefill_backend.clone()") == 1, body
-    return "".join(lines[:func.lineno - 1]) + body.replace(".prefill_backend.clone()", ".prefill_backend") + \
-        "".join(lines[func.end_lineno:])
+    return derived_swap.replaced_in_def(text, "MLACommonMetadataBuilder.__init__", ".prefill_backend.clone()",
+                                        ".prefill_backend")
 
 
 def test_derived_shape_is_patched_and_the_fixed_release_is_not():

@@ -13,12 +13,9 @@ tests/test_sglang_real.py, tests/sglang_real_check.py ``clamp_exercise``).
 """
 
 import ast
-import copy
 import functools
 import sys
 from pathlib import Path
-
-import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -30,6 +27,7 @@ this_checkout.flashfix()
 from flashfix import semantic, sglang_patch, vllm_patch  # noqa: E402
 from flashfix.core import locate as _locate, paths as _paths  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 GATE = vllm_patch.TRTLLM_FP8_SWIGLU_GATE
 CLAMP = sglang_patch.TRTLLM_FP8_SWIGLU_LIMIT
@@ -45,10 +43,7 @@ def installed(requirement, relative):
 
 
 def _def(text, qualname):
-    node = ast.parse(text)
-    for part in qualname.split("."):
-        node = next(c for c in node.body if getattr(c, "name", None) == part)
-    return node
+    return _source.find_def(ast.parse(text), qualname)
 
 
 def _restored(patch, derived, fixed, module, qualname):

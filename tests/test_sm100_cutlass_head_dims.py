@@ -27,13 +27,13 @@ import this_checkout  # noqa: E402
 this_checkout.flashfix()
 from flashfix import sglang_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = sglang_patch.SM100_CUTLASS_HEAD_DIMS
 
 
 def init_of(tree):
-    cls = next(c for c in tree.body if getattr(c, "name", None) == "FlashInferAttnBackend")
-    return next(n for n in cls.body if getattr(n, "name", None) == "__init__")
+    return _source.find_def(tree, "FlashInferAttnBackend.__init__")
 
 
 def derive(text):

@@ -24,16 +24,16 @@ import this_checkout  # noqa: E402
 this_checkout.flashfix()
 from flashfix import vllm_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 PATCH = vllm_patch.WORKSPACE_SIZE
 QUALNAME = PATCH.rule.hunks[0].function
 
 
-def derived_def(text):
-    """``_get_workspace_buffer`` of ``text`` without 0.26.0's ``else`` branch (the pre-fix shape)."""
-    cls, name = QUALNAME.split(".")
-    func = next(n for n in next(c for c in ast.parse(text).body if getattr(c, "name", None) == cls).body
-                if getattr(n, "name", None) == name)
+def derived_def(text, tree=None):
+    """``_get_workspace_buffer`` of ``text`` (its ``tree``, edited in place) without 0.26.0's ``else``
+    branch (the pre-fix shape)."""
+    func = _source.find_def(tree or ast.parse(text), QUALNAME)
     (test,) = [n for n in ast.walk(func) if isinstance(n, ast.If) and ast.unparse(n.test) == "envs.VLLM_BATCH_INVARIANT"]
     assert test.orelse, ast.unparse(func)
     test.orelse = []
@@ -44,8 +44,7 @@ def test_derived_shape_is_patched_and_the_fixed_release_is_not():
     fixed = engine_env.installed_path("vllm==0.27.1", "vllm/v1/attention/backends/flashinfer.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.27.1")[0] == "fixed-upstream"
     tree = ast.parse(fixed)
-    cls = next(c for c in tree.body if getattr(c, "name", None) == QUALNAME.split(".")[0])
-    cls.body = [derived_def(fixed) if getattr(n, "name", None) == QUALNAME.split(".")[1] else n for n in cls.body]
+    derived_def(fixed, tree)
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(ast.unparse(tree))}, "0.25.1")
     assert verdict[0] == "patch" and "fixed default workspace" in verdict[1], verdict
 

@@ -26,6 +26,7 @@ import this_checkout  # noqa: E402
 this_checkout.flashfix()
 from flashfix import vllm_patch  # noqa: E402
 from flashfix.core import registry as _registry  # noqa: E402
+from flashfix.core import source as _source  # noqa: E402
 
 XQA = vllm_patch.XQA_HEAD_DIM
 QUALNAME = XQA.rule.hunks[0].function
@@ -37,10 +38,7 @@ def installed(requirement):
 
 
 def _def(text, qualname):
-    node = ast.parse(text)
-    for part in qualname.split("."):
-        node = next(c for c in node.body if getattr(c, "name", None) == part)
-    return node
+    return _source.find_def(ast.parse(text), qualname)
 
 
 def drop_head_dim_fallback(text):
@@ -78,7 +76,7 @@ import torch
 import flashfix
 from flashfix import vllm_patch
 from flashfix.core import registry as _registry
-from test_xqa_head_dim import drop_head_dim_fallback
+from test_xqa_head_dim import _def, drop_head_dim_fallback
 import vllm.v1.attention.backends.flashinfer as m
 
 # stand-ins for what a CPU lacks: an SM90 GPU, TRT-LLM attention usable, no registered layers
@@ -120,9 +118,7 @@ out["reverted"] = kernels()
 if row["state"] == "fixed-upstream":  # the pre-fix shape derived from this release, in the release's own __init__
     qualname = vllm_patch.XQA_HEAD_DIM.rule.hunks[0].function
     init = m.FlashInferMetadataBuilder.__dict__["__init__"]
-    derived = ast.parse(drop_head_dim_fallback(open(m.__file__).read()))
-    derived = next(n for n in next(c for c in derived.body if getattr(c, "name", None) == "FlashInferMetadataBuilder")
-                   .body if getattr(n, "name", None) == "__init__")
+    derived = _def(drop_head_dim_fallback(open(m.__file__).read()), qualname)
     out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(init, derived, vllm_patch.XQA_HEAD_DIM.rule.hunks[0], kernels)
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
 """ % str(TESTS)
