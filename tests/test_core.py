@@ -46,10 +46,14 @@ def test_marker_leaves_the_code_after_first_run(fake_site):
         change = _registry._sites["fake-compute:Engine.compute"]
         first = core.Engine.compute.__code__ is change.marked
         core.Engine().compute(1)
-        report(first=first, then_plain=core.Engine.compute.__code__ is change.plain,
-               names=list(core.Engine.compute.__code__.co_names))
+        ran = dict(first=first, then_plain=core.Engine.compute.__code__ is change.plain, let_go=change.marked is None,
+                   names=list(core.Engine.compute.__code__.co_names))
+        import flashfix
+        flashfix.revert()
+        report(reverted=core.Engine().compute(1), **ran)
     ''', site)
-    assert r["first"] and r["then_plain"]
+    assert r["first"] and r["then_plain"] and r["let_go"]
+    assert r["reverted"] == 2, r  # the original code back, from the plain code the function ran
     assert "mark_ran" not in r["names"]
 
 

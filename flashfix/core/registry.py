@@ -109,7 +109,7 @@ class SetAttr:
 
 class SwapCode:
     """Give an existing function new code, so every reference to it (``from x import f`` copies included) runs
-    the fix. ``marked`` reports its first run, then swaps itself for ``plain``; undone only if the function
+    the fix. ``marked`` reports its first run, then swaps itself for ``plain`` and is let go; undone only if the function
     still runs one of the two. The marker reaches ``mark_ran`` through one global of the function's module
     (``_source.MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
 
@@ -585,7 +585,7 @@ def mark_ran(site):
         return
     change = _sites.get(site)
     if change is not None and change.func.__code__ is change.marked:
-        change.func.__code__ = change.plain
+        change.func.__code__, change.marked = change.plain, None  # never needed again (vLLM 0.28.0 build: 8.5 KiB)
 
 
 def _compiling(torch):
