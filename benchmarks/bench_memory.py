@@ -53,7 +53,8 @@ def imported(names):
 
 
 def blocks():
-    """Bytes in pymalloc's allocated blocks (the small objects alive), read after the RSS."""
+    """KiB in pymalloc's allocated blocks (the small objects alive), read after the RSS; None without
+    pymalloc (``PYTHONMALLOC=malloc``)."""
     import os, re, tempfile
     saved, out = os.dup(2), tempfile.TemporaryFile()
     os.dup2(out.fileno(), 2)
@@ -64,7 +65,7 @@ def blocks():
         os.close(saved)
     out.seek(0)
     found = re.search(rb"# bytes in allocated blocks\s*=\s*([\d,]+)", out.read())
-    return int(found.group(1).replace(b",", b"")) // 1024 if found else 0
+    return int(found.group(1).replace(b",", b"")) // 1024 if found else None
 
 
 first = imported(%r)
@@ -112,6 +113,9 @@ def measure(requirement, runs, path):
     row = {"release": requirement, "runs": runs, "states": {k: v for k, v in (states or {}).items()
                                                              if k.startswith(engine)}}
     for key in ("rss", "hwm", "blocks", "serving"):
+        if any(v[key] is None for v in values["active"] + values["disabled"]):
+            row[key + "_active_mib"] = row[key + "_disabled_mib"] = row[key + "_added_mib"] = None
+            continue
         row[key + "_active_mib"] = statistics.median(v[key] for v in values["active"]) / 1024
         row[key + "_disabled_mib"] = statistics.median(v[key] for v in values["disabled"]) / 1024
         row[key + "_added_mib"] = statistics.median(
@@ -134,9 +138,10 @@ def main():
     print("| release | patches | RSS active / disabled | RSS added | peak RSS added | small objects added | added, serving modules imported too |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print("| %s | %s | %.1f / %.1f MiB | %+.2f MiB | %+.2f MiB | %+.2f MiB | %+.2f MiB |" % (
+        blocks = "n/a" if r["blocks_added_mib"] is None else "%+.2f MiB" % r["blocks_added_mib"]
+        print("| %s | %s | %.1f / %.1f MiB | %+.2f MiB | %+.2f MiB | %s | %+.2f MiB |" % (
             r["release"], ", ".join("%s %s" % kv for kv in sorted(r["states"].items())), r["rss_active_mib"],
-            r["rss_disabled_mib"], r["rss_added_mib"], r["hwm_added_mib"], r["blocks_added_mib"], r["serving_added_mib"]))
+            r["rss_disabled_mib"], r["rss_added_mib"], r["hwm_added_mib"], blocks, r["serving_added_mib"]))
     print("(%d alternating fresh processes per column, medians; targets imported: %s; then: %s)" % (
         args.runs, "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in TARGETS.items()),
         "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in SERVING.items())))

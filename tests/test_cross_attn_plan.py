@@ -50,6 +50,7 @@ import torch
 import flashfix
 from flashfix import sglang_patch
 from flashfix.core import registry as _registry
+from flashfix.core import source as _source
 from test_cross_attn_plan import derive, QUALNAME
 import sglang.srt.layers.attention.flashinfer_backend as fb
 
@@ -71,7 +72,6 @@ def plans():
 
 row = next(r for r in flashfix.status() if r["id"] == PATCH.id)
 out = {"state": row["state"], "released": plans()}
-from flashfix.core import source as _source
 derived = _source.find_def(ast.parse(derive(open(fb.__file__).read())), QUALNAME)
 out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(UPDATER.__dict__[derived.name], derived, PATCH.rule.hunks[0], plans)
 out["after_undo"] = plans()

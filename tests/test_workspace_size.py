@@ -30,10 +30,10 @@ PATCH = vllm_patch.WORKSPACE_SIZE
 QUALNAME = PATCH.rule.hunks[0].function
 
 
-def derived_def(text, tree=None):
-    """``_get_workspace_buffer`` of ``text`` (its ``tree``, edited in place) without 0.26.0's ``else``
-    branch (the pre-fix shape)."""
-    func = _source.find_def(tree or ast.parse(text), QUALNAME)
+def derived_def(tree):
+    """``_get_workspace_buffer`` of the module ``tree`` without 0.26.0's ``else`` branch (the pre-fix
+    shape), edited in place."""
+    func = _source.find_def(tree, QUALNAME)
     (test,) = [n for n in ast.walk(func) if isinstance(n, ast.If) and ast.unparse(n.test) == "envs.VLLM_BATCH_INVARIANT"]
     assert test.orelse, ast.unparse(func)
     test.orelse = []
@@ -44,13 +44,13 @@ def test_derived_shape_is_patched_and_the_fixed_release_is_not():
     fixed = engine_env.installed_path("vllm==0.27.1", "vllm/v1/attention/backends/flashinfer.py").read_text()
     assert _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(fixed)}, "0.27.1")[0] == "fixed-upstream"
     tree = ast.parse(fixed)
-    derived_def(fixed, tree)
+    derived_def(tree)
     verdict = _registry.judge(PATCH, {PATCH.targets[0]: ast.parse(ast.unparse(tree))}, "0.25.1")
     assert verdict[0] == "patch" and "fixed default workspace" in verdict[1], verdict
 
 
 SCRIPT = r"""
-import copy, json, sys
+import ast, copy, json, sys
 from types import SimpleNamespace
 sys.path.insert(0, %r)
 import derived_swap
@@ -76,7 +76,7 @@ def sizes():
 
 row = next(r for r in flashfix.status() if r["id"] == PATCH.id)
 out = {"state": row["state"], "released": sizes(), "default": m.envs.VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE}
-derived = derived_def(open(m.__file__).read())
+derived = derived_def(ast.parse(open(m.__file__).read()))
 out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(m.FlashInferMetadataBuilder.__dict__[QUALNAME.split(".")[1]], derived, PATCH.rule.hunks[0], sizes)
 m.torch = real_torch
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
