@@ -19,7 +19,8 @@ A module already imported gets its callbacks at once, a reload runs them again, 
 being imported (flashfix activated from inside its import, by a plugin loader, or in another
 thread) gets them when its import ends (``_watch``). Nothing is ever decided, probed or imported
 from a finder. A callback that raises is contained (reported through ``on_error``) unless it
-raises ``HookAbort``: under strict mode any failure of a callback fails the import.
+raises ``HookAbort``: under strict mode any failure of a callback fails the import. The wrapper
+also runs ``before_run`` callbacks just before the module's code, which never fail the import.
 """
 
 import _imp
@@ -46,6 +47,7 @@ _generation = {}  # module name -> how many times its code has run under our loa
 _pending = {}  # module name -> [spec, module or None, callbacks or _ALL]: an import in progress whose end we watch
 _deferred = {}  # module name -> callbacks (or _ALL): an import whose end cannot be watched (legacy loader)
 _resolving = set()  # (thread id, module name) whose spec we are asking the other finders for
+_before = {}  # module name -> callables run just before its code runs under our loader (before_run)
 _ALL = None
 
 
@@ -269,6 +271,13 @@ class _Loader:
                 spec.loader = self._loader
         except Exception:  # an object that refuses attributes: the import system copes, so do we
             pass
+        with _lock:
+            before = list(_before.get(self._name, ()))
+        for callback in before:
+            try:
+                callback(module)
+            except Exception as exc:  # HookAbort too: nothing decided here may fail the import
+                on_error(self._name + " (before it ran)", exc)
         self._loader.exec_module(module)
         with _lock:
             _generation[self._name] = _generation.get(self._name, 0) + 1
@@ -361,6 +370,15 @@ def when_imported(name, callback):
                     _deferred[name] = waiting + [callback]
                 return
     _call(name, callback, module)
+
+
+def before_run(name, callback):
+    """Also call ``callback(module)`` just before ``name``'s code runs, each time it runs under flashfix's
+    loader (``when_imported`` must watch ``name``), with its module object still empty. Work done there is
+    freed before the module's own imports, which reuse that memory. Never for a module imported before or one
+    whose loader cannot be wrapped; an exception is reported, never raised into the import."""
+    with _lock:
+        _before.setdefault(name, []).append(callback)
 
 
 def watched():
