@@ -619,6 +619,32 @@ class Declaration:
             raise ShapeError(shape.reason)
         return located, given
 
+    def ahead(self):
+        """What ``prepare_ahead`` needs, made from the source before the targets run (``_registry._read_ahead``):
+        ``([(module, qualname, unedited, marked, plain)], names)``; None where a hunk changes a class body or a
+        module's top level (``prepare`` then reads the imported code, as it does where the loaded code differs)."""
+        located, given = self._plan(_source.module_ast)
+        names, made = set(), []
+        for rule, modname, qualname, node in located:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return None
+            edit, mark = functools.partial(rule.edit, given=given, names=names), _source.marker(_registry.site_of(self.id, qualname))
+            made.append((modname, qualname) + _source.rewrite_ahead(_source.module_ast(modname), qualname, node, lambda n: edit(
+                n, mark), functools.partial(rule.touches, given=given)))
+        return made, names
+
+    def prepare_ahead(self, modules, made, names):
+        """``prepare``'s changes from what ``ahead()`` made, or None where a loaded function does not run the code
+        it was made from (``_registry._decide`` then calls ``prepare``)."""
+        target = lambda name: modules.get(name) or importlib.import_module(name)  # noqa: E731
+        swaps = [_registry.swap(function_at(target(m), q), self.id, q, *codes) for m, q, *codes in made]
+        if None in swaps:
+            return None
+        module = target(made[0][0])
+        if self.check is not None:
+            self.check(module)
+        return self._adds(module, names) + swaps
+
     def prepare(self, modules):
         located, given = self._plan(lambda m: _source.module_ast(m, modules))
         module = modules.get(located[0][1]) or importlib.import_module(located[0][1])
@@ -636,13 +662,17 @@ class Declaration:
             space = dict(vars(owner))
             exec(_body(_source.module_ast(modname, modules), node, edit)[1], vars(target), space)
             swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items() if vars(owner).get(k, space) is not v]
+        return self._adds(module, names) + swaps
+
+    def _adds(self, module, names):
+        """The globals the new code reads that ``module`` lacks, from ``needs`` (else the probe's reason)."""
         adds = []
         for name in sorted(n for n in names if not hasattr(module, n)):
             source = importlib.import_module(self.needs[name]) if name in self.needs else None
             if not hasattr(source, name):
                 raise ShapeError(self._lacks(name, module.__name__))
             adds.append(_registry.SetAttr(module, name, getattr(source, name)))
-        return adds + swaps
+        return adds
 
     def plan(self, planner):
         located, given = self._plan(_source.module_ast)

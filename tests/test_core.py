@@ -288,3 +288,147 @@ def test_missing_target_module_reads_not_affected_like_the_doctor(fake_site):
         report(state=state()["state"], doctor=doctor)
     ''', site)
     assert r == {"state": "not-affected", "doctor": "not-affected"}
+
+
+# The same fix as FAKE_PATCHES' hand-written patch, declared: a declaration is judged and its code compiled
+# from the source just before its target runs (registry._read_ahead), then checked against the loaded code.
+BACKPORT = '''
+from flashfix.semantic import Backport
+
+PATCHES = (Backport(
+    id="fake-compute", engine="fakeeng", versions="<2", fixed_in="2.0", upstream="https://example.invalid/pr/1",
+    module="fakeeng.core", function="Engine.compute", before="helper($X, 1)", after="helper($X, 2)",
+    summary="compute adds 2", doc="Why: a test. How: the second argument. Delete when: never."),)
+'''
+
+
+def test_declaration_is_read_ahead_of_its_target(fake_site):
+    site = fake_site(patches=BACKPORT)
+    (r,), proc = run_py('''
+        use_fake()
+        import flashfix
+        seen = []
+        flashfix.before_run("fakeeng.core", lambda module: seen.append(sorted(k for k in vars(module) if k[:2] != "__")))
+        import fakeeng.core as core
+        from flashfix.core import registry as _registry
+        record = _registry._records["fake-compute"]
+        change = record["changes"][0]
+        refused = [_registry.swap(core.Engine.other, "fake-compute", "Engine.compute", change.old, change.marked, change.plain),
+                   _registry.swap(core.Engine.compute, "fake-compute", "Engine.compute", change.old, change.marked,
+                                  change.plain)]  # other's qualname; compute now runs the marked code, not change.old
+        report(state=state()["state"], value=core.Engine().compute(5), ahead=record["ahead"], code_ahead=change.ahead,
+               seen=seen, refused=refused, line=core.Engine.compute.__code__.co_firstlineno, ahead_left=list(_registry._ahead))
+    ''', site, env={"FLASHFIX_LOG_LEVEL": "DEBUG"})
+    assert r["seen"] == [[]]  # the callback ran before the module's code
+    assert r["state"] == "applied" and r["value"] == 7
+    assert r["ahead"] is True and r["code_ahead"] is True, r
+    assert r["refused"] == [None, None] and r["line"] == 6 and r["ahead_left"] == []
+    assert "judged from the source read just before fakeeng.core ran" in proc.stderr
+
+
+def test_a_file_changed_after_the_read_ahead_is_read_again(fake_site):
+    site = fake_site(patches=BACKPORT)
+    (r,), _ = run_py('''
+        use_fake()
+        import pathlib
+        import fakeeng, flashfix  # fakeeng's import hooks the patch (and its read-ahead) first
+        path = pathlib.Path(fakeeng.__file__).with_name("core.py")
+        flashfix.before_run("fakeeng.core", lambda module: path.write_text("# added after the read-ahead\\n" + path.read_text()))
+        import fakeeng.core as core
+        from flashfix.core import registry as _registry
+        record = _registry._records["fake-compute"]
+        report(state=state()["state"], value=core.Engine().compute(5), ahead=record["ahead"],
+               code_ahead=record["changes"][0].ahead, line=core.Engine.compute.__code__.co_firstlineno)
+    ''', site)
+    assert r == {"state": "applied", "value": 7, "ahead": False, "code_ahead": False, "line": 7}
+
+
+def test_a_failing_before_run_callback_never_fails_the_import(fake_site):
+    site = fake_site(patches=BACKPORT)
+    (r,), proc = run_py('''
+        use_fake()
+        import flashfix
+
+        def refuse(module):
+            raise flashfix.HookAbort("refused")
+
+        flashfix.before_run("fakeeng.core", refuse)
+        import fakeeng.core as core
+        report(state=state()["state"], value=core.Engine().compute(5))
+    ''', site, env={"FLASHFIX_STRICT": "1"})
+    assert r == {"state": "applied", "value": 7}
+    assert "fakeeng.core (before it ran) failed" in proc.stderr and "refused" in proc.stderr
+
+
+KINDS_ENGINE = '''from __future__ import annotations
+
+
+def helper(a, b):
+    return a + b
+
+
+class Base:
+    def compute(self, x):
+        return 0
+
+
+class Engine(Base):
+    def compute(self, x: int) -> int:
+        return super().compute(x) + helper(x, 1)
+
+    class Inner:
+        def __scale(self):
+            return 3
+
+        def go(self, x):
+            return helper(x, 1) * self.__scale()
+
+    @staticmethod
+    def stat(x):
+        return helper(x, 1)
+
+
+async def acompute(x):
+    return helper(x, 1)
+
+
+def gen(x):
+    yield helper(x, 1)
+'''
+
+KINDS_PATCHES = '''
+from flashfix.semantic import Backport
+
+PATCHES = tuple(Backport(
+    id=id, engine="fakeeng", versions="<2", fixed_in="2.0", upstream="https://example.invalid/pr/1",
+    module="fakeeng.core", function=function, before="helper($X, 1)", after="helper($X, 2)",
+    summary="adds 2", doc="Why: a test. How: the second argument. Delete when: never.")
+    for id, function in [("fake-compute", "Engine.compute"), ("fake-inner", "Engine.Inner.go"),
+                         ("fake-stat", "Engine.stat"), ("fake-async", "acompute"), ("fake-gen", "gen")])
+'''
+
+
+def test_read_ahead_compiles_every_kind_of_function_as_loaded(fake_site):
+    """Zero-argument super() (a __class__ cell), a nested class's private name, a staticmethod, a coroutine,
+    a generator, ``from __future__ import annotations``: the code compiled ahead is what the module loads,
+    so each is swapped from the read-ahead; and again after a reload."""
+    site = fake_site(engine_source=KINDS_ENGINE, patches=KINDS_PATCHES)
+    (first, again), _ = run_py('''
+        use_fake()
+        import asyncio, importlib
+        import fakeeng.core as core
+        from flashfix.core import registry as _registry
+
+        def look():
+            records = {k: v for k, v in _registry._records.items() if k.startswith("fake-")}
+            report(states=sorted({r["state"] for r in records.values()}),
+                   ahead=sorted({c.ahead for r in records.values() for c in r["changes"]}),
+                   values=[core.Engine().compute(5), core.Engine.Inner().go(5), core.Engine.stat(5),
+                           asyncio.run(core.acompute(5)), next(core.gen(5))])
+
+        look()
+        importlib.reload(core)
+        look()
+    ''', site)
+    for r in (first, again):
+        assert r == {"states": ["applied"], "ahead": [True], "values": [7, 21, 7, 7, 7]}, r

@@ -203,11 +203,11 @@ def test_rewrite_compiles_the_rendered_text(engine_module):
     add_scale(edited, _source.marker("test:Engine.step"))
     rendered = _source.render_edit(text, node, edited, origin)
     for version, code in ((_render.PLAIN, plain), (_render.MARKED, marked)):
-        from_text = _source._compile(func, rendered.tree(version), tree)
+        from_text = _source._compile(_source._like(func), rendered.tree(version), tree)
         assert _source.code_difference(from_text, code) is None
         assert positions(from_text) == positions(code)
     # compiled straight from the edited AST the positions differ: the check above can tell
-    straight = _source._compile(func, _render._strip_markers(copy.deepcopy(edited)), tree)
+    straight = _source._compile(_source._like(func), _render._strip_markers(copy.deepcopy(edited)), tree)
     assert _source.code_difference(straight, plain) is None
     assert positions(straight) != positions(plain)
 

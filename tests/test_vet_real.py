@@ -202,6 +202,7 @@ def assert_diff_is_what_runs(result, patch_id, kinds):
         if row["kind"] == "rewrite":
             assert row["qualname"][0] == row["qualname"][1] and row["site"][0] == row["site"][1]
             assert row["same_file_text"]
+            assert row["read_ahead"] and row["ahead_equals_after"] == [True, True], row
             # compiled from the printed diff's "after" side: the code swapped in, whole code tree
             assert row["diff_equals_plain"] is None, row
             assert row["diff_equals_marked"] is None, row

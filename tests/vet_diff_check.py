@@ -10,7 +10,10 @@
    the installed file) is compiled and compared with the code swapped in, code object tree
    against code object tree (``_source.code_difference``), for the marker-free code and for
    the code with the marker; the swapped code's line and column positions are compared with
-   those of the rendered text, which shows that the runtime compiled that very text. For a
+   those of the rendered text, which shows that the runtime compiled that very text. That code was
+   compiled from the source read just before the module ran (``_registry._read_ahead``); it is the
+   very code (lines, columns, file, qualified name) that ``prepare`` makes from the imported
+   function when nothing was read ahead. For a
    replaced function and an added name, the value set is compared with the flashfix
    function and the installed definitions the diff named.
 
@@ -91,11 +94,34 @@ def printed_rewrites(text):
     return [hunks for old, new, hunks in vet_helpers.file_diffs(text) if new.endswith(" (as flashfix runs it)")]
 
 
+def made_again(patch, runtime):
+    """The patch's swapped code made again from the original functions the way the runtime makes it
+    when nothing was read ahead of the import (``prepare`` from the imported module), by site."""
+    swaps = [c for c in runtime if isinstance(c, _registry.SwapCode)]
+    current = [(c.func, c.func.__code__) for c in swaps]
+    for change in swaps:
+        change.func.__code__ = change.old
+    try:
+        again = patch.prepare({name: sys.modules[name] for name in _registry.targets_of(patch)})
+    finally:
+        for func, code in current:
+            func.__code__ = code
+        _source.forget()
+    return {c.site: c for c in again if isinstance(c, _registry.SwapCode)}
+
+
+def same_code(a, b):
+    return (a is not None and _source.code_difference(a, b) is None and positions(a) == positions(b)
+            and (a.co_filename, a.co_firstlineno, getattr(a, "co_qualname", None))
+            == (b.co_filename, b.co_firstlineno, getattr(b, "co_qualname", None)))
+
+
 sections = {marker: printed_rewrites(printed[marker]) for marker in (False, True)}
 section_index = -1
 checks = {}
 for result in plans:
     runtime = _registry._records[result.patch.id]["changes"]
+    again = made_again(result.patch, runtime) if any(getattr(c, "ahead", False) for c in runtime) else {}
     rows = []
     for index, change in enumerate(result.changes):
         done = runtime[index] if index < len(runtime) else None
@@ -111,19 +137,23 @@ for result in plans:
             row["qualname"] = [change.qualname, func.__qualname__]
             row["same_file_text"] = module_text == change.text and origin == change.origin
             row["site"] = [change.site, done.site]
+            # compiled from the source read before the module ran: the same code as made from the imported function
+            row["read_ahead"] = done.ahead
+            row["ahead_equals_after"] = [same_code(done.marked, getattr(again.get(done.site), "marked", None)),
+                                         same_code(done.plain, getattr(again.get(done.site), "plain", None))]
             for marker, code in ((False, done.plain), (True, done.marked)):
                 after = vet_helpers.apply_unified_diff(change.text, sections[marker][section_index])
                 node = _source.find_def(ast.parse(after), change.qualname)
-                compiled = _source._compile(func, node, tree)
+                compiled = _source._compile(_source._like(func), node, tree)
                 key = "marked" if marker else "plain"
                 row["diff_equals_" + key] = _source.code_difference(compiled, code)
                 version = _render.MARKED if marker else _render.PLAIN
-                from_text = _source._compile(func, change.rendered.tree(version), tree)
+                from_text = _source._compile(_source._like(func), change.rendered.tree(version), tree)
                 row["positions_equal_" + key] = positions(from_text) == positions(code)
                 row["marker_in_" + key] = _source.MARK_NAME in code.co_names
             # the edited AST compiled directly (how the code was built before _render): its
             # positions differ from the swapped code's, so the positions check above can tell
-            straight = _source._compile(func, _render._strip_markers(copy.deepcopy(change.edited)), tree)
+            straight = _source._compile(_source._like(func), _render._strip_markers(copy.deepcopy(change.edited)), tree)
             row["ast_positions_differ"] = positions(straight) != positions(done.plain)
         elif done is None:
             pass

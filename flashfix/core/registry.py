@@ -26,8 +26,11 @@ apply runs (they may import), so an import in another thread never waits on flas
 being decided in one thread is skipped by another (``busy``), and decided again if its targets
 ran again meanwhile. A reload of a target runs the decision again for the new functions.
 """
+# A declaration (``rule``) is judged and its new code compiled just before its last target's code runs
+# (``_read_ahead``), so that the parse trees are freed before that module's own imports; after it runs,
+# steps 2 and 4 reuse that work where the targets' source is unchanged and the loaded functions run the
+# code it was compiled from, and otherwise read again.
 
-import importlib
 import logging
 import os
 import sys
@@ -113,9 +116,9 @@ class SwapCode:
     still runs one of the two. The marker reaches ``mark_ran`` through one global of the function's module
     (``_source.MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
 
-    def __init__(self, func, marked, plain, site):
+    def __init__(self, func, marked, plain, site, ahead=False):
         self.func, self.marked, self.plain, self.site = func, marked, plain, site
-        self.old = func.__code__
+        self.old, self.ahead = func.__code__, ahead  # ahead: compiled before the module ran (_read_ahead)
 
     def apply(self):
         _hold_mark(self.func.__globals__)
@@ -164,9 +167,14 @@ def _name(owner):
     return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
 
 
+def site_of(patch_id, qualname):
+    """The marker site of ``patch_id``'s rewrite of the function ``qualname`` (``mark_ran`` looks it up)."""
+    return "%s:%s" % (patch_id, qualname)
+
+
 def rewrite(func, edit, patch_id, touches=None):
     """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``, also for ``touches``)."""
-    site = "%s:%s" % (patch_id, func.__qualname__)
+    site = site_of(patch_id, func.__qualname__)
     marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)), touches)
     return SwapCode(func, marked, plain, site)
 
@@ -180,6 +188,7 @@ _declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
 _problems = {}  # engine package -> problem lines of its packs
 _hooked = set()  # ids of the patches hooked to their targets (once, whichever engine's import declared them)
 _claims = {}  # (module, qualname) -> the id of the patch judged to rewrite it in this process (see judge)
+_ahead = {}  # id -> (what the targets' source was, Shape, what prepare needs or None): see _read_ahead
 _config_cache = []
 _logging_ready = []
 
@@ -401,6 +410,9 @@ def _hook_patch(patch, cfg):
         return
     record["targets"] = targets
     record["reason"] = "waiting for %s" % ", ".join(targets)
+    if callable(getattr(patch.rule, "ahead", None)):
+        for target in targets:
+            flashfix.before_run(target, lambda module, target=target: _read_ahead(patch, target))
     _each(targets, lambda target: flashfix.when_imported(target, lambda module: _activate(patch)))
 
 
@@ -428,22 +440,11 @@ def read_trees(targets):
     return {name: _source.module_ast(name) for name in targets}
 
 
-def judge(patch, trees, version, claims=None):
-    """The doctor verdict and reason for ``patch`` given its targets' ASTs and the version. ``claims``:
-    ``{(module, qualname): id}`` of the patch judged first to rewrite it (the runtime's, or one doctor run's)."""
-    sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
-    if sourceless:
-        return "unknown-shape", ("source not available for %s (a sourceless install, a link that does not "
-                                 "resolve, or a finder --path cannot follow?): its shape cannot be read" % ", ".join(sourceless))
-    if any(tree is None for tree in trees.values()):
-        missing = [name for name, tree in trees.items() if tree is None]
-        return "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
-    try:
-        shape = patch.probe(trees)
-    except ShapeError as exc:  # e.g. a target bound in a way the source cannot tell (_source.find_def)
-        shape = Shape(UNKNOWN, str(exc))
-    except Exception as exc:  # a probe that trips over unexpected code is an unknown shape
-        shape = Shape(UNKNOWN, "shape probe failed: %r" % (exc,))
+def judge(patch, trees, version, claims=None, shape=None):
+    """The doctor verdict and reason for ``patch`` given its targets' ASTs (or their ``shape``, read before,
+    see ``_read_ahead``) and the version. ``claims``: ``{(module, qualname): id}`` of the patch judged first to
+    rewrite it (the runtime's, or one doctor run's)."""
+    shape = shape_of(patch, trees, version) if shape is None else shape
     if shape.kind == FIXED:
         return "fixed-upstream", shape.reason
     if shape.kind == ABSENT:
@@ -463,6 +464,23 @@ def judge(patch, trees, version, claims=None):
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason
+
+
+def shape_of(patch, trees, version):
+    """The probe's ``Shape`` of ``patch`` given its targets' ASTs (None: no such module; ``SOURCELESS``)."""
+    sourceless = [name for name, tree in trees.items() if tree is _source.SOURCELESS]
+    if sourceless:
+        return Shape(UNKNOWN, "source not available for %s (a sourceless install, a link that does not resolve, "
+                              "or a finder --path cannot follow?): its shape cannot be read" % ", ".join(sourceless))
+    if any(tree is None for tree in trees.values()):
+        missing = [name for name, tree in trees.items() if tree is None]
+        return Shape(ABSENT, "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version))
+    try:
+        return patch.probe(trees)
+    except ShapeError as exc:  # e.g. a target bound in a way the source cannot tell (_source.find_def)
+        return Shape(UNKNOWN, str(exc))
+    except Exception as exc:  # a probe that trips over unexpected code is an unknown shape
+        return Shape(UNKNOWN, "shape probe failed: %r" % (exc,))
 
 
 def _loaded_key(targets):
@@ -504,6 +522,48 @@ def _activate(patch):
         _source.forget()
 
 
+def _read_ahead(patch, running):
+    """Just before the target ``running`` runs (its other targets imported): judge ``patch`` from the source and
+    build the code its changes will swap in (``rule.ahead()``), so that the parse trees are freed before the
+    target's own imports, which reuse that memory (an engine process keeps less). ``_decide`` uses all this
+    only if the targets' source is still what was read, and ``rule.prepare_ahead`` only where the loaded functions
+    run the code compiled from it; else it reads again. Never raises: whatever fails here is decided after the import."""
+    record = _records[patch.id]
+    with _lock:
+        targets = record["targets"]
+        if record["state"] == "disabled" or record["busy"] or not all(
+                flashfix._complete(name) for name in targets if name != running):
+            return
+    try:
+        version, read = record["engine_version"], _read(targets)
+        shape = shape_of(patch, read_trees(targets), version)
+        made = patch.rule.ahead() if judge(patch, None, version, shape=shape)[0] == "patch" else None
+        with _lock:
+            _ahead[patch.id] = (read, shape, made)
+    except Exception as exc:
+        _ahead.pop(patch.id, None)
+        log.debug("%s: nothing read ahead of %s, decided once it is imported: %r", patch.id, running, exc)
+    finally:
+        _source.forget()
+
+
+def _read(targets):
+    """What the reader finds of each target now: its file and a hash of its source text."""
+    return tuple((name, found.origin, hash(found.text)) if found is not None else (name, None, None)
+                 for name in targets for found in [_locate.find(name)])
+
+
+def swap(func, patch_id, qualname, unedited, marked, plain):
+    """``rewrite``'s change from code made before ``func``'s module ran (``_source.rewrite_ahead``), or None
+    where ``func`` does not run the code ``unedited`` was compiled from (then ``prepare`` reads it again)."""
+    code = func.__code__
+    if (func.__qualname__ != qualname or code.co_filename != marked.co_filename
+            or getattr(code, "co_qualname", None) != getattr(marked, "co_qualname", None)
+            or _source.code_difference(unedited, code) is not None):
+        return None
+    return SwapCode(func, marked, plain, site_of(patch_id, qualname), ahead=True)
+
+
 def _decide(patch, record):
     cfg = config()
     if cfg.strict and cfg.problems:
@@ -511,7 +571,14 @@ def _decide(patch, record):
     targets = record["targets"]
     modules = {name: sys.modules[name] for name in targets}
     version = record["engine_version"]
-    verdict, reason = judge(patch, read_trees(targets), version, _claims)
+    with _lock:
+        ahead = _ahead.pop(patch.id, None)
+    if ahead is not None and ahead[0] != _read(targets):
+        ahead = None  # a file changed since: read it again
+    record["ahead"] = ahead is not None
+    if ahead is not None:
+        log.debug("%s: judged from the source read just before %s ran", patch.id, ", ".join(targets))
+    verdict, reason = judge(patch, None if ahead else read_trees(targets), version, _claims, ahead and ahead[1])
     if verdict != "patch":
         _set(patch, verdict, reason)
         if verdict == "unknown-shape":
@@ -521,7 +588,9 @@ def _decide(patch, record):
             log.debug("%s: %s", patch.id, reason)
         return
     try:
-        changes = patch.prepare(modules)
+        changes = patch.rule.prepare_ahead(modules, *ahead[2]) if ahead is not None and ahead[2] is not None else None
+        if changes is None:  # nothing made ahead, or a loaded function does not run the code it was made from
+            changes = patch.prepare(modules)
     except ShapeError as exc:
         _set(patch, "unknown-shape", str(exc))
         log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, exc)

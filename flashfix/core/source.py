@@ -17,6 +17,8 @@ the same name, line numbers, ``__future__`` flags, free variables, global bindin
 name mangling. The caller swaps that code
 into the *existing* function object, so every reference to it, including ``from x import
 f`` copies in other modules, runs the fix, and the per-call cost is that of the fixed code.
+``rewrite_ahead()`` does the same from the module's source before the module runs; the caller
+compares its unedited code with the loaded code afterwards.
 """
 
 import ast
@@ -26,6 +28,7 @@ import operator
 import re
 import unicodedata
 import weakref
+from collections import namedtuple
 
 from flashfix.core import locate as _locate
 
@@ -519,10 +522,9 @@ CO_NESTED = 0x10
 FUTURE_FLAGS = _future_mask()
 
 
-def _compile(func, def_node, tree):
-    """Compile ``def_node`` as ``func``'s code: same file, lines, ``__future__`` flags, free
-    variables, global/local bindings and private-name mangling."""
-    code = func.__code__
+def _compile(like, def_node, tree):
+    """Compile ``def_node`` as the function ``like`` describes (``_like``): same file, lines, ``__future__``
+    flags, free variables, global/local bindings and private-name mangling."""
     node = copy.copy(def_node)  # shallow: the body is compiled as it is, never changed (a deep copy of a
     node.decorator_list, node.returns, args = [], None, copy.copy(def_node.args)  # long function costs megabytes)
     node.args = args
@@ -531,7 +533,7 @@ def _compile(func, def_node, tree):
     bare = lambda a: a and ast.arg(a.arg, None, **{k: getattr(a, k, None) for k in a._attributes})  # noqa: E731
     args.posonlyargs, args.args, args.kwonlyargs = ([bare(a) for a in v] for v in (args.posonlyargs, args.args, args.kwonlyargs))
     args.vararg, args.kwarg = bare(args.vararg), bare(args.kwarg)
-    parts = func.__qualname__.split(".")
+    parts = like.qualname.split(".")
     owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
     if owner is not None:  # keep private-name mangling and the __class__ cell of zero-arg super()
         body = [ast.ClassDef(name=owner, bases=[], keywords=[], body=[node], decorator_list=[], type_params=[])]
@@ -540,7 +542,7 @@ def _compile(func, def_node, tree):
         body = [node]
         fetch = node.name
     bound = owner or node.name  # the name the scaffold binds: a global in the original unless free there
-    outer_args = [v for v in code.co_freevars if v != "__class__"]
+    outer_args = [v for v in like.freevars or () if v != "__class__"]
     if outer_args:  # the free variables must be free in the new code too: one enclosing function
         prologue = [] if bound in outer_args else [ast.Global([bound])]
         prologue.append(ast.parse("(%s,)" % ", ".join(outer_args)).body[0])
@@ -558,19 +560,42 @@ def _compile(func, def_node, tree):
             ast.copy_location(n, def_node)
     ast.fix_missing_locations(module)
     namespace = {}
-    exec(compile(module, code.co_filename, "exec", flags=code.co_flags & FUTURE_FLAGS, dont_inherit=True), namespace)
+    exec(compile(module, like.filename, "exec", flags=like.flags & FUTURE_FLAGS, dont_inherit=True), namespace)
     if outer_args:
         built = namespace["__flashfix_outer__"](*([None] * len(outer_args)))
     else:
         built = eval(fetch, namespace)
     new = getattr(built, "__func__", built).__code__
-    if new.co_freevars != code.co_freevars:
+    if like.freevars is not None and new.co_freevars != like.freevars:
         raise ShapeError("free variables differ after recompiling %s: %s, loaded %s"
-                         % (func.__qualname__, new.co_freevars, code.co_freevars))
-    changes = {"co_name": code.co_name, "co_flags": (new.co_flags & ~CO_NESTED) | (code.co_flags & CO_NESTED)}
-    if hasattr(code, "co_qualname"):  # Python 3.11+
-        changes["co_qualname"] = code.co_qualname
+                         % (like.qualname, new.co_freevars, like.freevars))
+    changes = {"co_name": def_node.name, "co_flags": (new.co_flags & ~CO_NESTED) | (like.flags & CO_NESTED)}
+    if hasattr(new, "co_qualname"):  # Python 3.11+
+        changes["co_qualname"] = like.co_qualname
     return new.replace(**changes)
+
+
+# What a recompiled function keeps of the loaded one: its ``__qualname__`` (the scaffold's class), its code's
+# qualified name, file and flags (``__future__`` features, CO_NESTED), and free variables (None: as compiled).
+Like = namedtuple("Like", "qualname co_qualname filename flags freevars")
+
+
+def _like(func):
+    code = func.__code__
+    return Like(func.__qualname__, getattr(code, "co_qualname", func.__qualname__), code.co_filename, code.co_flags,
+                code.co_freevars)
+
+
+def _future_flags(tree):
+    """The ``__future__`` compiler flags a module's ``from __future__ import`` statements turn on."""
+    import __future__
+
+    flags = 0
+    for statement in tree.statements(("__future__",), False) if isinstance(tree, Module) else tree.body:
+        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+            for alias in statement.names:
+                flags |= getattr(getattr(__future__, alias.name, None), "compiler_flag", 0)
+    return flags & FUTURE_FLAGS
 
 
 _CODE_FIELDS = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_flags", "co_argcount",
@@ -615,21 +640,34 @@ def rewrite(func, edit, touches=None):
     file was edited after import, or someone else already changed the function. ShapeError also when ``edit``
     refuses. ``touches(def_node)``: the nodes ``edit`` replaces, so that only they are copied (``copy_paths``)."""
     tree = parse_text(*function_source(func))
-    text, origin = tree.flashfix_text, tree.flashfix_origin  # the text already read, not a second copy
-    original = _def_node(func, tree)
-    problem = code_difference(_compile(func, original, tree), func.__code__)
+    return _rewrite(_like(func), _def_node(func, tree), tree, edit, touches, func.__code__)[1:]
+
+
+def rewrite_ahead(tree, qualname, def_node, edit, touches=None):
+    """``rewrite()`` from a module's source alone, before the module runs: ``(unedited, marked, plain)`` for the
+    function ``qualname`` (a module's function or a class's method: no free variables but ``__class__``),
+    whose def is ``def_node`` in ``tree``. The caller compares ``unedited`` with the code loaded later
+    (``code_difference``) before it uses the other two, as ``rewrite`` does at once."""
+    if "<locals>" in qualname:
+        raise ShapeError("%s is defined inside a function: it is rewritten once loaded" % qualname)
+    like = Like(qualname, qualname, tree.flashfix_origin, _future_flags(tree), None)
+    return _rewrite(like, def_node, tree, edit, touches, None)
+
+
+def _rewrite(like, original, tree, edit, touches, loaded):
+    unedited = _compile(like, original, tree)
+    problem = loaded is not None and code_difference(unedited, loaded)
     if problem:
         raise ShapeError(
             "the source of %s on disk differs from the loaded code (edited after import, or already patched): %s"
-            % (func.__qualname__, problem)
+            % (like.qualname, problem)
         )
+    text, origin = tree.flashfix_text, tree.flashfix_origin  # the text already read, not a second copy
     node = copy.deepcopy(original) if touches is None else copy_paths(original, touches(original))
     edit(node)
     rendered = render_edit(text, original, node, origin)  # compiled from the text ``flashfix diff`` shows
     del original, node, text  # a long function's trees are megabytes: free them before compiling again
-    with_marker = _compile(func, rendered.tree(rendered.MARKED), tree)
-    without = _compile(func, rendered.tree(rendered.PLAIN), tree)
-    return with_marker, without
+    return unedited, _compile(like, rendered.tree(rendered.MARKED), tree), _compile(like, rendered.tree(rendered.PLAIN), tree)
 
 
 def copy_paths(root, nodes):

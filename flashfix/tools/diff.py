@@ -182,7 +182,7 @@ class Planner:
         node = _source.find_def(tree, qualname)
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             raise ShapeError("%s has no function %s" % (module, qualname))
-        site = "%s:%s" % (self.patch_id, qualname)
+        site = _registry.site_of(self.patch_id, qualname)
         edited = copy.deepcopy(node)
         edit(edited, _source.marker(site))
         rendered = _source.render_edit(found.text, node, edited, found.origin)
