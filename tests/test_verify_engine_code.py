@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import engine_env
+import vet_helpers
 from conftest import REPO
 
-WHEELS = Path(os.environ.get("FLASHFIX_WHEEL_CACHE", Path.home() / ".cache" / "flashfix-wheels"))
+WHEELS = vet_helpers.wheel_cache()
 
 CODE = '''
 import json, os, sys
@@ -32,13 +33,8 @@ print("FLASHFIX_RESULT=" + json.dumps({"rows": rows, "log": fake_flashinfer.LOG}
 
 
 def wheel(spec):
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    name, version = spec.split("==")
-    found = sorted(WHEELS.glob("%s-%s-*.whl" % (name, version)))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", spec, "-d", str(WHEELS)], check=True)
-        found = sorted(WHEELS.glob("%s-%s-*.whl" % (name, version)))
-    return str(found[0])
+    """The released wheel of ``spec`` (``name==version``), fetched once without pip (the test venv has none)."""
+    return str(vet_helpers.wheel(spec))
 
 
 def row_problems(rows):
