@@ -53,7 +53,7 @@ from flashfix.core import locate as _locate
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
-from flashfix.core.source import ShapeError, walk
+from flashfix.core.source import NotBound, ShapeError, walk  # noqa: F401  (NotBound: public)
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 _DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
@@ -302,7 +302,8 @@ def _target(tree, qualname):
 
 def function_at(module, qualname):
     """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
-    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none."""
+    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none (``NotBound`` where the
+    name is not bound at all: defined under a condition that did not hold)."""
     owner = module
     *outer, name = qualname.split(".")
     for part in outer:
@@ -310,6 +311,9 @@ def function_at(module, qualname):
         if not isinstance(owner, type):
             raise ShapeError("%s has no class %s" % (module.__name__, part))
     obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if obj is None and name not in vars(owner):
+        raise NotBound("%s.%s is not bound in this process (defined under a condition that did not hold when %s ran)"
+                       % (getattr(owner, "__name__", owner), name, module.__name__))
     for _ in range(10):
         code = getattr(obj, "__code__", None)
         if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
@@ -659,9 +663,12 @@ class Declaration:
                                                functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
             owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
-            space = dict(vars(owner))
-            exec(_body(_source.module_ast(modname, modules), node, edit)[1], vars(target), space)
-            swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items() if vars(owner).get(k, space) is not v]
+            code = _body(_source.module_ast(modname, modules), node, edit)[1]
+            needed = {a.name: a.value for a in self._adds(target, names)}  # ``needs``: read by the new statements
+            space = dict(vars(owner), **needed)
+            exec(code, vars(target), space)
+            swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items()
+                      if vars(owner).get(k, space) is not v and needed.get(k, space) is not v]
         return self._adds(module, names) + swaps
 
     def _adds(self, module, names):

@@ -42,7 +42,7 @@ from flashfix.core import config as _config
 from flashfix.core import locate as _locate
 from flashfix.core import packs as _packs
 from flashfix.core import source as _source
-from flashfix.core.source import ShapeError
+from flashfix.core.source import NotBound, ShapeError
 
 log = logging.getLogger("flashfix")
 _lock = threading.RLock()
@@ -591,6 +591,10 @@ def _decide(patch, record):
         changes = patch.rule.prepare_ahead(modules, *ahead[2]) if ahead is not None and ahead[2] is not None else None
         if changes is None:  # nothing made ahead, or a loaded function does not run the code it was made from
             changes = patch.prepare(modules)
+    except NotBound as exc:
+        _set(patch, "not-affected", str(exc))
+        log.debug("%s: %s", patch.id, exc)
+        return
     except ShapeError as exc:
         _set(patch, "unknown-shape", str(exc))
         log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, exc)

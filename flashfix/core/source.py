@@ -37,6 +37,11 @@ class ShapeError(Exception):
     """The code is not what a patch expects; the message says what differs."""
 
 
+class NotBound(ShapeError):
+    """What the source defines under a condition was not bound when the module ran (sglang defines its FlashInfer
+    helpers only where FlashInfer is available): none of it runs in this process, which is not affected."""
+
+
 def module_file(modname, modules=None):
     """Where ``modname``'s code comes from (a path, or a path inside a zip), located as the
     import system would, without importing it; None if there is no such module."""
@@ -288,9 +293,11 @@ _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 def find_def(tree, qualname):
     """The ``FunctionDef``/``ClassDef`` that Python binds to ``qualname`` (``"Class.method"``) in ``tree``, or
     None if nothing there binds that name. Where a name is defined more than once in one scope, Python binds
-    the last definition, and so does this. ShapeError where what is bound cannot be read from the source: the
-    last statement that binds the name is not a plain definition (a definition inside
-    ``if``/``try``/``with``/a loop, an assignment, an import, ``del``...)."""
+    the last definition, and so does this; a name whose only binding is a definition inside
+    ``if``/``try``/``with``/a loop is that definition, where it is bound at all (the loaded code is compared before
+    anything is changed). ShapeError where what is bound cannot be read from the source: the last of several
+    statements that bind the name is not a plain definition (one inside ``if``/``try``/..., an assignment, an
+    import, ``del``...)."""
     parts, defs = qualname.split("."), getattr(tree, "flashfix_defs", None)
     if isinstance(tree, Module):
         if any(part not in tree.flashfix_text for part in parts) and unicodedata.is_normalized("NFKC", tree.flashfix_text):
@@ -321,7 +328,7 @@ def _bound_def(scope, name, qualname):
     if not any(isinstance(node, _DEFS) for node, _ in bindings):
         return None  # imported or assigned here, not defined: no definition to read
     last, plain = bindings[-1]
-    if plain:
+    if plain or len(bindings) == 1:  # the only binding, a def under if/try/with/a loop: that def, if any is bound
         return last
     raise ShapeError("%s is bound at lines %s and the last of them is not a plain definition of its scope (it is "
                      "inside if/try/with/a loop, or an assignment, import or del), so which definition Python "
