@@ -1,5 +1,6 @@
-"""SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338 and #27460 (0.5.13),
-#38590 (0.5.20), and of two FlashInfer-backend fixes first released in 0.5.17 and 0.5.21 (PRs not identified).
+"""SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338, #27460 and #23993
+(0.5.13), #38590 (0.5.20), of FlashInfer-backend fixes first released in 0.5.10, 0.5.17 and 0.5.21 (PRs not
+identified), and one fix of flashfix's own that no release has (#23993's fallback given base-2 LSEs).
 
 #34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
 the upstream change as before -> after code), judged, disabled (``FLASHFIX_DISABLE=<id>``) and
@@ -25,7 +26,9 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 
 import ast
 
+from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, Shape
+from flashfix.core.source import NotBound, ShapeError
 from flashfix.semantic import Backport, Rule, find, pattern
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
@@ -417,3 +420,104 @@ KNOWN += (Known(
             "when the request cap is no multiple of it",
     why_not="the release has no padded-batch rule to size by (0.5.14 added one); padding it here would copy the "
             "runner's rule, whose inputs differ from release to release"),)
+
+
+# --- FlashInfer merge_state beyond its launch limit: sglang#23993 (0.5.13), and its fallback's LSE base ------
+
+LN2 = 0.6931471805599453
+MERGE_STATE_MAX_THREADS = 1024  # FlashInfer's MergeState launches head_dim / vec_size x num_heads threads per block
+
+
+def merge_base2(merge, v_a, s_a, v_b, s_b):
+    """``merge`` (a merge of two partial attentions whose LSEs are natural logs: SGLang's Triton
+    ``merge_state_triton``) given FlashInfer's base-2 LSEs, returning a base-2 LSE as FlashInfer's
+    ``merge_state`` does."""
+    v, s = merge(v_a, s_a * LN2, v_b, s_b * LN2)
+    return v, (s / LN2 if s is not None else None)
+
+
+def merge_state_launches(v):
+    """Can FlashInfer's ``merge_state`` launch for ``v`` ([tokens, heads, head_dim])? Its block is
+    head_dim / vec_size threads (vec_size: 16 bytes, at least head_dim / 32 elements) by num_heads."""
+    head_dim = v.shape[2]
+    return v.shape[1] * (head_dim // max(16 // v.element_size(), head_dim // 32)) <= MERGE_STATE_MAX_THREADS
+
+
+def merge_state_any_heads(merge_state, merge_state_triton):
+    """FlashInfer's ``merge_state`` where it can launch, else SGLang's Triton merge given natural-log
+    LSEs (``merge_base2``): sglang#23993's dispatch with the fallback's LSE base right."""
+
+    def merge(v_a, s_a, v_b, s_b):
+        if merge_state_launches(v_a):
+            return merge_state(v_a, s_a, v_b, s_b)
+        return merge_base2(merge_state_triton, v_a, s_a, v_b, s_b)
+
+    merge.__wrapped__ = merge_state
+    return merge
+
+
+def _extend_merges(tree, func):
+    """forward_extend merges the ragged and paged parts with the module's ``merge_state``: rebinding it is the fix."""
+    extend = _source.find_def(tree, "FlashInferAttnBackend.forward_extend")
+    if extend is None or not find(pattern("merge_state($$$_)"), [extend]):
+        raise ShapeError("FlashInferAttnBackend.forward_extend does not call merge_state(...): the rebinding would "
+                         "not reach the ragged + paged merge")
+    return {}
+
+
+def _merge_state_imported(module):
+    """FlashInfer's merge_state must be imported: sglang imports it only where FlashInfer is available."""
+    if not hasattr(module, "merge_state"):
+        raise NotBound("%s did not import FlashInfer's merge_state in this process (FlashInfer unavailable): nothing "
+                       "merges there" % module.__name__)
+
+
+_MERGE_WHY = """Why: forward_extend's ragged + paged split (an extend over a cached prefix, the default
+    FlashInfer path) merges the two parts with FlashInfer's ``merge_state``, whose kernel launches
+    head_dim / vec_size x num_heads threads per block: above 1,024 (in bf16, more than 64 query heads
+    per rank at head_dim 128, more than 32 at 256) it cannot launch. On an H200 (FlashInfer 0.6.17)
+    96 heads at head_dim 128 give ``MergeState kernel launch failed: invalid argument``, and the
+    pending CUDA error fails the process's next launch too. sglang#23993 (0.5.13) falls back to
+    SGLang's Triton ``merge_state_triton`` there, which reads natural-log LSEs, while FlashInfer's
+    are base 2: the fallback's output is 15 % off in relative L2 (0.0027 for FlashInfer's merge,
+    and for the fallback given converted LSEs; benchmarks/gpu_merge_state_heads.py)."""
+
+MERGE_STATE_LAUNCH_LIMIT = Backport(
+    id="sglang-merge-state-launch-limit", engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
+    upstream="https://github.com/sgl-project/sglang/pull/23993", module=_BACKEND, function=None,
+    before="from flashinfer.cascade import merge_state",
+    after="from flashinfer.cascade import merge_state\nmerge_state = merge_state_any_heads(merge_state, merge_state_triton)",
+    needs={"merge_state_any_heads": "flashfix.sglang_patch",
+           "merge_state_triton": "sglang.srt.layers.attention.triton_ops.merge_state"},
+    context=_extend_merges, check=_merge_state_imported, fixed_if="merge_state_triton($$$_)",
+    fixed="the module falls back to merge_state_triton where FlashInfer's merge_state cannot launch",
+    buggy="forward_extend merges with FlashInfer's merge_state at any head count (imported at line {line})",
+    summary="ragged + paged extend: FlashInfer's merge_state is used only where its kernel can launch, else "
+            "SGLang's Triton merge with the LSEs converted to natural log",
+    doc=_MERGE_WHY + """
+    How: as sglang#23993 (``merge_state_any_heads``: the same thread count test), with the fallback's
+    LSEs multiplied by ln 2 and its output LSE divided back (``merge_base2``). The module's
+    ``merge_state`` is rebound, so forward_extend (which sglang-fp8-kv-scales may rewrite) is not
+    edited; below the limit the call goes to FlashInfer's merge_state as before.
+    Affected: 0.5.1 to 0.5.12.post1 (a crash); 0.5.13 on: see sglang-merge-state-fallback-lse-base.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.13.""")
+
+MERGE_FALLBACK_LSE_BASE = Backport(
+    id="sglang-merge-state-fallback-lse-base", engine="sglang", versions=">=0.5.13",
+    fixed_in="none (0.5.23, the latest release, has the bug)",
+    upstream="none (flashfix's own: sglang#23993's Triton fallback reads FlashInfer's base-2 LSE as natural log)",
+    module=_BACKEND, function="_safe_merge_state",
+    before="return merge_state_triton($A, $SA, $B, $SB)", after="return merge_base2(merge_state_triton, $A, $SA, $B, $SB)",
+    needs={"merge_base2": "flashfix.sglang_patch"}, absent_unless_mentioned="_safe_merge_state",
+    buggy="{name} (line {line}) gives merge_state_triton FlashInfer's base-2 LSEs",
+    summary="ragged + paged extend past FlashInfer merge_state's launch limit: the Triton fallback gets natural-log "
+            "LSEs, so the context and new tokens are weighted right",
+    doc=_MERGE_WHY + """
+    How: the fallback's LSEs are multiplied by ln 2 and its output LSE divided back (``merge_base2``).
+    Only models past the limit reach the line (more than 64 query heads per rank at head_dim 128).
+    Affected: every release from 0.5.13 (0.5.23 is the latest checked).
+
+    Delete when: SGLang converts the LSE there (the probe then reads an unknown shape and leaves it).""")
+
+PATCHES += (MERGE_STATE_LAUNCH_LIMIT, MERGE_FALLBACK_LSE_BASE)

@@ -76,7 +76,7 @@ def test_odd_metadata_reads_the_same_inside_and_through_python(tmp_path, case):
     rows = json.loads(inside.stdout)
     assert rows == json.loads(outside.stdout)
     sglang = [r for r in rows if r["engine"] == "sglang" and r["verdict"] != "known-unfixed"]
-    assert len(sglang) == 11
+    assert len(sglang) == 13
     from importlib.metadata import PathDistribution
 
     expected = PathDistribution(tmp_path / "shadow" / "sglang-0.5.17.dist-info").version
@@ -92,9 +92,10 @@ def test_invalid_version_gives_a_clean_verdict(tmp_path, version):
     proc = _run("doctor", "--json", python=_python(), env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
-    assert len(sglang) == 11 and all(r["engine_version"] == version for r in sglang), sglang
+    assert len(sglang) == 13 and all(r["engine_version"] == version for r in sglang), sglang
     fixed = {"sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices",
-             "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens"}  # fixed in 0.5.17's code: no version needed
+             "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens",
+             "sglang-merge-state-launch-limit"}  # fixed in 0.5.17's code: no version needed
     absent = {"sglang-trtllm-fp8-moe-swiglu-limit"}  # 0.5.17's code has no such function: that needs no version either
     assert {r["id"]: r["verdict"] for r in sglang} == {r["id"]: "fixed-upstream" if r["id"] in fixed else
                                                        "not-affected" if r["id"] in absent else "unknown-shape"
@@ -246,7 +247,7 @@ def test_path_follows_a_setuptools_editable_finder(tmp_path):
     by_path, inside = json.loads(by_path.stdout), json.loads(inside.stdout)
     sglang = [r for r in by_path if r["engine"] == "sglang"]
     assert [r["verdict"] for r in sglang] == ["patch"] * 3 + ["fixed-upstream"] * 3 + [
-        "patch", "not-affected", "fixed-upstream", "patch", "patch"] + ["known-unfixed"] * 2, sglang
+        "patch", "not-affected", "fixed-upstream", "patch", "patch", "fixed-upstream", "patch"] + ["known-unfixed"] * 2, sglang
     assert vet_helpers.verdicts(by_path) == vet_helpers.verdicts(inside)
     assert vet_helpers.digests(by_path) == vet_helpers.digests(inside)
     module_files = [s["file"] for r in sglang for s in r["sources"] if "module" in s]
@@ -272,7 +273,7 @@ def test_path_never_calls_code_it_cannot_read_not_affected(tmp_path):
         assert proc.returncode == 0, proc.stderr
         sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
         # the known, uncarried fix is named by version where its code cannot be read
-        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 11 + ["known-unfixed"] * 2, (where, sglang)
+        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 13 + ["known-unfixed"] * 2, (where, sglang)
         assert _run("doctor", "--strict", "--path", where).returncode == 1
 
 

@@ -104,9 +104,9 @@ def test_unpacked_wheel_tree_with_a_flashinfer_wheel(tmp_path):
     rows = v.doctor_json("--path", tmp_path / "tree", "--path", v.wheel("flashinfer-python==" + flashinfer_of(requirement)))
     assert v.verdicts(rows) == v.verdicts(inside(requirement))
     assert v.digests(rows) == v.digests(inside(requirement))
-    assert [r["verdict"] for r in rows if r["engine"] != "vllm"] == (  # SGLang 0.5.17's eleven, FlashInfer's, the known
-        ["patch"] * 3 + ["fixed-upstream"] * 3 + ["patch", "not-affected", "fixed-upstream", "patch", "patch", "patch"]
-        + ["known-unfixed"] * 2)
+    assert [r["verdict"] for r in rows if r["engine"] != "vllm"] == (  # SGLang 0.5.17's thirteen, FlashInfer's, the known
+        ["patch"] * 3 + ["fixed-upstream"] * 3 + ["patch", "not-affected", "fixed-upstream", "patch", "patch"]
+        + ["fixed-upstream", "patch", "patch"] + ["known-unfixed"] * 2)
     assert {r["verdict"] for r in rows if r["engine"] == "vllm"} == {"not-installed"}
 
 
