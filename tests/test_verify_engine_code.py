@@ -411,3 +411,35 @@ def test_vllm_layer_heads_plan_every_release_in_range_in_one_process():
         if problems:
             bad[version] = problems
     assert not bad, bad
+
+
+MERGE_TARGETS = ("sglang.srt.layers.attention.flashinfer_backend",) + (
+    "sglang.srt.layers.attention.triton_ops.merge_state", "sglang.kernels.ops.attention.merge_state")
+
+
+@pytest.mark.parametrize("patch,since,below", [("sglang-merge-state-launch-limit", "0.5.1", "0.5.13"),
+                                               ("sglang-merge-state-fallback-lse-base", "0.5.13", "99")])
+def test_sglang_merge_every_release_in_range_in_one_process(patch, since, below):
+    """The two merge-state patches on every final release of their range (0.5.1-0.5.12.post1: the module's
+    merge_state as flashfix rebinds it; from 0.5.13: _safe_merge_state as flashfix rewrites it), loaded from
+    the wheel with the FlashInfer stand-in, whose merge_state merges past any limit (o1 + o2), and the Triton
+    merge's math in torch: past the launch limit the patched merge differs from the released one (the
+    fallback, given natural-log LSEs), below it the two are bitwise equal, and revert() restores it."""
+    trees = release_trees("sglang", MERGE_TARGETS, since, below)
+    assert len(trees) >= (29 if since == "0.5.1" else 13), trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch,
+                    "check": "sglang_merge", "kwargs": {"patch_id": patch}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows = out[version]["rows"]
+        problems = row_problems(rows)
+        main = [r for r in rows if r["case"].startswith("ragged+paged")]
+        if not main or main[0]["bitwise_equal"] or main[0]["error_pre_fix"] or main[0]["error_flashfix"]:
+            problems.append("past the limit the fix did not change the merge: %s" % main)
+        if [r["case"] for r in rows if r.get("control")] != ["control: 64 query heads (within the limit)",
+                                                              "revert() restores the original output"]:
+            problems.append("controls: %s" % [r["case"] for r in rows])
+        if problems:
+            bad[version] = problems
+    assert not bad, bad

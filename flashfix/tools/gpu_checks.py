@@ -1,9 +1,10 @@
 """``flashfix verify``'s numeric checks, on a GPU: relative L2 error of the whole output against float64 computed
 from exactly the values the kernel reads; torch and FlashInfer are imported inside the functions. Each engine check
-(``sglang_fp8``, ``sglang_plan``, ``vllm_forward``, ``vllm_lse``) runs the engine's patched functions (installed, or
-loaded by ``EngineModuleFinder`` with stand-in engine imports) and the code kept for ``revert`` on the same inputs,
-building only what the function reads; it counts the FlashInfer calls made from the engine's file (``Calls``) and
-fails a function that read a stand-in (``drive``). ``sink_sequence``: sink wrappers in one process (JIT names).
+(``sglang_fp8``, ``sglang_plan``, ``sglang_merge``, ``vllm_forward``, ``vllm_lse``) runs the engine's patched
+functions (installed, or loaded by ``EngineModuleFinder`` with stand-in engine imports) and the code kept for
+``revert`` on the same inputs, building only what the function reads; it counts the FlashInfer calls made from the
+engine's file (``Calls``) and fails a function that read a stand-in (``drive``). ``sink_sequence``: sink wrappers
+in one process (JIT names).
 """
 
 import functools
@@ -179,37 +180,41 @@ class _StandInModule(types.ModuleType):
 
 
 class EngineModuleFinder:
-    """``import`` of ``target`` reads its source from ``reader`` (``locate.open_path``); every other module
-    of the engine's top package is a stand-in. Put after flashfix's finder, so the registry hooks the
+    """``import`` of ``target`` reads its source from ``reader`` (``locate.open_path``), as does each module of
+    ``real`` the reader holds (engine kernels a check runs, which import no other engine module); every other
+    module of the engine's top package is a stand-in. Put after flashfix's finder, so the registry hooks the
     target's import as it hooks the installed engine's."""
 
-    def __init__(self, reader, target):
+    def __init__(self, reader, target, real=()):
         self.reader, self.target, self.top = reader, target, target.split(".")[0]
-        self.found = reader.find(target)
-        if self.found is None or self.found.text is None:
+        self.found = {name: found for name in (target,) + tuple(real) for found in [reader.find(name)]
+                      if found is not None and found.text is not None}
+        if target not in self.found:
             raise ImportError("%s holds no source of %s" % (reader.describe(), target))
 
     def find_spec(self, name, path=None, target=None):
-        if name == self.target:
-            return importlib.util.spec_from_file_location(name, self.found.origin, loader=self)
+        if name in self.found:
+            return importlib.util.spec_from_file_location(name, self.found[name].origin, loader=self)
         if name.split(".")[0] == self.top:
             return importlib.util.spec_from_loader(name, self, is_package=True)
         return None
 
     def create_module(self, spec):
-        return None if spec.name == self.target else _StandInModule(spec.name)
+        return None if spec.name in self.found else _StandInModule(spec.name)
 
     def exec_module(self, module):
-        if module.__name__ == self.target:
-            exec(compile(self.found.text, self.found.origin, "exec"), module.__dict__)
+        if module.__name__ in self.found:
+            found = self.found[module.__name__]
+            exec(compile(found.text, found.origin, "exec"), module.__dict__)
 
     def get_source(self, name):
-        return self.found.text if name == self.target else None
+        return self.found[name].text if name in self.found else None
 
 
-def engine_module(patch_id, path=None):
+def engine_module(patch_id, path=None, real=()):
     """``(module, patch record, engine version)``: the patch's target module as the runtime leaves it, installed
-    or loaded from ``path`` (a wheel or tree, with stand-in engine imports); the engine's other patches disabled."""
+    or loaded from ``path`` (a wheel or tree, with stand-in engine imports but ``real``'s); the engine's other
+    patches disabled."""
     from flashfix.core import locate as _locate, paths as _paths
     from flashfix.core import registry as _registry
     patch = next(p for p in _registry.load_all() if p.id == patch_id)
@@ -224,7 +229,7 @@ def engine_module(patch_id, path=None):
         (target,) = _registry.targets_of(patch)
         if path:  # after flashfix's finder, before the installed engine's
             at = next((i + 1 for i, f in enumerate(sys.meta_path) if getattr(f, "flashfix_finder", False)), 0)
-            sys.meta_path.insert(at, EngineModuleFinder(tree, target))
+            sys.meta_path.insert(at, EngineModuleFinder(tree, target, real))
         module = importlib.import_module(target)
     return module, _registry._records[patch_id], _locate.version(patch.engine) if not path else reader.version(patch.engine)
 
@@ -288,21 +293,27 @@ def _pair(rows, row, run, original, live, err=None, controls=(), **kw):
     return r1
 
 
-def _engine(patch_id, path, functions, fi):
+def _engine(patch_id, path, functions, fi, real=()):
     """``(module, rows, head, [(live, original), ...], FlashInfer, device)`` of a check (``rows`` says why when
-    the patch is not applied); ``fi``: a FlashInfer stand-in (CPU tests, device "cpu"), else the real one."""
-    module, record, version = engine_module(patch_id, path)
+    the patch is not applied); ``fi``: a FlashInfer stand-in (CPU tests, device "cpu"), else the real one. A name
+    of ``functions`` is a rewritten function (its qualified name holds it) or a global the patch rebinds."""
+    module, record, version = engine_module(patch_id, path, real)
     head = {"engine": patch_id.split("-")[0], "engine_version": version, "file": module.__file__,
             "state": record["state"], "reason": record["reason"]}
     if record["state"] != "applied":
         return module, [dict(head, case="not applied", error="the patch is %(state)s: %(reason)s" % record)], head, [], fi, ""
     pairs = []
     for name in functions:  # the function whose qualified name holds ``name``: live, and the code kept for ``revert``
+        rebound = [(c.value, c.old) for c in record["changes"] if getattr(c, "name", None) == name]
+        if rebound:  # a global the patch rebinds: its value, and the engine's own (the engine module's file)
+            pairs.append(rebound[0])
+            continue
         f, old = next((c.func, c.old) for c in record["changes"] if name in getattr(getattr(c, "func", None), "__qualname__", ""))
         pairs.append((f, types.FunctionType(old, f.__globals__, f.__name__, f.__defaults__, f.__closure__)))
         pairs[-1][1].__qualname__, pairs[-1][1].__kwdefaults__ = f.__qualname__, f.__kwdefaults__
-    head.update(functions=["%s (%s:%d)" % (o.__qualname__, o.__code__.co_filename, o.__code__.co_firstlineno)
-                           for _, o in pairs])
+    code = lambda o: getattr(o, "__code__", None) or getattr(getattr(o, "__wrapped__", None), "__code__", None)  # noqa: E731
+    head.update(functions=["%s (%s:%s)" % (o.__qualname__, getattr(code(o), "co_filename", "?"),
+                                           getattr(code(o), "co_firstlineno", "?")) for _, o in pairs])
     return module, [], head, pairs, importlib.import_module("flashinfer") if fi is None else fi, "cuda" if fi is None else "cpu"
 
 
@@ -390,6 +401,84 @@ def sglang_fp8(path=None, head_dims=(64, 128), requests=FP8_REQUESTS, scales=(K_
                 _pair(rows, dict(base, case="ragged+paged, FP8 e4m3, layer.k_scale/v_scale as floats"), run, original,
                       live, err, floats=True)
     return _revert("sglang-fp8-kv-scales", rows, head, lambda: _same(run(live), released))
+
+
+# --- sglang-merge-state-*: the merge of forward_extend's ragged and paged parts --------------------------
+MERGE_TRITON = ("sglang.srt.layers.attention.triton_ops.merge_state", "sglang.kernels.ops.attention.merge_state")
+
+
+def _triton_merge_ln(v_a, s_a, v_b, s_b, output=None, output_lse=None):
+    """SGLang's ``merge_state_triton`` as its Triton kernel computes it (natural-log LSEs, max-subtracted),
+    written in torch: where no GPU runs the kernel (CPU tests)."""
+    import torch
+    top = torch.maximum(s_a, s_b)
+    w_a, w_b = torch.exp(s_a - top), torch.exp(s_b - top)
+    v = (v_a.float() * w_a[..., None] + v_b.float() * w_b[..., None]) / (w_a + w_b)[..., None]
+    return v.to(v_a.dtype), torch.log(w_a + w_b) + top
+
+
+def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8_REQUESTS, seed=0, fi=None):
+    """SGLang's own merge of forward_extend's ragged (new tokens) and paged (cached prefix) outputs, as
+    released and patched (0.5.1-0.5.12: the module's ``merge_state``; from 0.5.13: ``_safe_merge_state``),
+    with the engine's own Triton merge (``MERGE_TRITON``, loaded for real; ``_triton_merge_ln`` with a
+    FlashInfer stand-in): bf16, head_dim 128, past FlashInfer merge_state's launch limit (``heads[0]``)
+    against float64, then below it (a control); then ``revert()``."""
+    import torch
+    name = "merge_state" if patch_id == "sglang-merge-state-launch-limit" else "_safe_merge_state"
+    if fi is not None:  # a CPU test: the Triton merge's math in torch, where the engine imports it from
+        for modname in MERGE_TRITON:
+            sys.modules[modname] = types.ModuleType(modname)
+            sys.modules[modname].merge_state_triton = _triton_merge_ln
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, [name], fi, real=MERGE_TRITON)
+    if not pairs:
+        return rows
+    (live, original), = pairs
+    calls, bf16, inputs = Calls(module.__file__), torch.bfloat16, {}
+    qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
+
+    def parts(h):  # what forward_extend merges: FlashInfer's outputs and base-2 LSEs, and the float64 answer
+        if h not in inputs:
+            gen = torch.Generator(device=device).manual_seed(seed)
+            q, k, v = (torch.randn(qo[-1], n, head_dim, generator=gen, device=device).to(bf16)
+                       for n in (h, NUM_KV_HEADS, NUM_KV_HEADS))
+            cache = PagedBatch([(1, p) for p, _ in requests], kv_dtype=bf16, page_size=1, head_dim=head_dim, seed=seed,
+                               device=device)
+            ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="auto")
+            ragged.plan(qo, qo, h, NUM_KV_HEADS, head_dim, causal=True, q_data_type=bf16)
+            paged = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2")
+            paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, h, NUM_KV_HEADS, head_dim, 1,
+                       causal=False, q_data_type=bf16, kv_data_type=bf16)
+            (o1, s1), (o2, s2) = ragged.run(q, k, v, return_lse=True), paged.run(q, (cache.k_cache, cache.v_cache),
+                                                                                 return_lse=True)
+            inputs[h] = (o1, s1, o2, s2), _prefix_reference(q, k, v, qo, lambda i: (
+                cache.request_kv(i, "k"), cache.request_kv(i, "v")), head_dim ** -0.5)
+        return inputs[h]
+
+    def merged(func, *args):  # a failed launch stays pending in CUDA: raised here, as the engine's next launch would
+        error = out = None
+        try:
+            out = func(*args)
+        except Exception as exc:
+            error = exc
+        try:
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.ones(1, device=device).add_(1).item()
+        except Exception as exc:
+            error = error or exc
+        if error is not None:
+            raise error
+        return out[0]
+
+    def run(func, h=heads[0]):
+        return drive(merged, (func,) + parts(h)[0], {}, calls)
+
+    base = dict(head, head_dim=head_dim, requests=[list(r) for r in requests], kv_heads=NUM_KV_HEADS)
+    released = _pair(rows, dict(base, case="ragged+paged, %d query heads (past merge_state's launch limit)" % heads[0]),
+                     run, original, live, lambda out: rel_l2(out, parts(heads[0])[1]),
+                     [("%d query heads (within the limit)" % h, dict(h=h)) for h in heads[1:]])
+    return _revert(patch_id, rows, head, lambda: _same(run(getattr(module, name) if name == "merge_state" else live),
+                                                       released))
 
 
 # --- vLLM's FlashInferImpl.forward: sinks (with the builder's prefill-wrapper factory), FP8 KV sharing ---

@@ -37,6 +37,8 @@ CHECKS = (
     ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
     ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
     ("cross-attn-decode-plan", "sglang-cross-attn-decode-plan-lens", 0.01, "g.sglang_plan(patch, path)"),
+    ("merge-state-launch-limit", "sglang-merge-state-launch-limit", 0.01, "g.sglang_merge(patch, path)"),
+    ("merge-state-fallback-lse", "sglang-merge-state-fallback-lse-base", 0.01, "g.sglang_merge(patch, path)"),
     ("sink-jit-name", "flashinfer-sink-jit-name", 0.005, "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
     ("mla-prefill-lse", "vllm-mla-flashinfer-lse", 0.01, "g.vllm_lse(patch, path)"),
     ("dcp-prefill-lse", "vllm-dcp-prefill-lse", 0.01, "g.vllm_lse(patch, path)"),
