@@ -443,9 +443,12 @@ def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8
                        for n in (h, NUM_KV_HEADS, NUM_KV_HEADS))
             cache = PagedBatch([(1, p) for p, _ in requests], kv_dtype=bf16, page_size=1, head_dim=head_dim, seed=seed,
                                device=device)
-            ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="auto")
+            # 96 heads split over the H200's SMs need more than SGLang's default 384 MiB of fa2 scratch
+            space = (lambda: torch.empty(1 << 30, dtype=torch.uint8, device=device)) if device == "cuda" else (
+                lambda: _workspace(device))
+            ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(space(), "NHD", backend="auto")
             ragged.plan(qo, qo, h, NUM_KV_HEADS, head_dim, causal=True, q_data_type=bf16)
-            paged = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa2")
+            paged = fi.BatchPrefillWithPagedKVCacheWrapper(space(), "NHD", backend="fa2")
             paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, h, NUM_KV_HEADS, head_dim, 1,
                        causal=False, q_data_type=bf16, kv_data_type=bf16)
             (o1, s1), (o2, s2) = ragged.run(q, k, v, return_lse=True), paged.run(q, (cache.k_cache, cache.v_cache),
