@@ -663,7 +663,7 @@ class Declaration:
                                                functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
             owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
-            code = _body(_source.module_ast(modname, modules), node, edit)[1]
+            code = _body(_source.module_ast(modname, modules), node, edit, touches=functools.partial(rule.touches, given=given))[1]
             needed = {a.name: a.value for a in self._adds(target, names)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
             exec(code, vars(target), space)
@@ -693,7 +693,8 @@ class Declaration:
 
                 tree = _source.module_ast(modname)
                 planner.changes.append(_diff.Rewrite(self.id, modname, qualname, tree.flashfix_origin, tree.flashfix_text,
-                                                     _body(tree, node, edit)[0], None, None))
+                                                     _body(tree, node, edit, touches=functools.partial(
+                                                         rule.touches, given=given))[0], None, None))
         swaps, planner.changes[start:] = planner.changes[start:], []
         modname = located[0][1]
         for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
@@ -701,14 +702,17 @@ class Declaration:
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 
-def _body(tree, node, edit, runs=True):
+def _body(tree, node, edit, runs=True, touches=None):
     """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
-    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text)."""
+    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text).
+    ``touches(node)``: the nodes ``edit`` replaces, so that only they are copied and the statements around
+    them keep the file's own spelling."""
     import difflib
 
     from flashfix.core import render as _render
 
-    edited, lines, old, versions = copy.deepcopy(node), _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
+    edited = copy.deepcopy(node) if touches is None else _source.copy_paths(node, touches(node))
+    lines, old, versions = _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
     edit(edited, None)
     changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False)
                .get_opcodes() if o[0] != "equal"]
@@ -717,8 +721,19 @@ def _body(tree, node, edit, runs=True):
                          % (getattr(node, "name", None) or tree.flashfix_origin))
     _, i, j, k, m = changed[0]
     start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
-    text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in edited.body[k:m]),
-                           lines[old[0].lineno - 1][:old[0].col_offset])  # the pattern's text, bindings the engine's
+    text = None
+    if j - i == m - k == 1 and type(old[i]) is type(edited.body[k]):  # one statement changed inside (an ``if`` block):
+        try:  # only what changed is respelled, the rest is the file's text (checked below, as the fallback is)
+            writer = _render.Writer(lines, marked=False)
+            writer.diff(old[i], edited.body[k], top=True)
+            text = writer.text(start, old[i].end_lineno)[0]
+            if [ast.dump(s) for s in ast.parse(textwrap.dedent(text)).body] != [ast.dump(edited.body[k])]:
+                text = None
+        except Exception:
+            text = None
+    if text is None:
+        text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in edited.body[k:m]),
+                               lines[old[0].lineno - 1][:old[0].col_offset])  # the pattern's text, bindings the engine's
     parsed = ast.parse(textwrap.dedent(text))
     if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
         raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)

@@ -164,3 +164,19 @@ def test_the_launch_limit_backport_dispatches_as_the_fixed_release_and_merges_ri
         assert kernel == ("flashinfer" if launches(name, rule) else "triton"), name  # 0.5.23's own rule
         assert err < 0.01, (name, err)
     assert r["released_is_flashinfer"] and r["left"] == [], r  # revert(): FlashInfer's merge_state, nothing added
+
+
+def test_the_diff_of_the_module_level_change_is_the_one_added_line():
+    """``flashfix diff`` prints the rebinding inside ``if is_flashinfer_available():`` as one added line; the
+    statements around it keep the file's own spelling (the runtime compiles that same text)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
+    env["PYTHONPATH"] = str(TESTS.parent)
+    proc = subprocess.run([str(engine_env.env_python("sglang==0.5.11")), "-m", "flashfix", "diff", LIMIT.id],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    module = proc.stdout.split(".<module>:", 1)[1]
+    changed = [line for line in module.splitlines()[3:] if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["+    merge_state = merge_state_any_heads(merge_state, merge_state_triton)"], module
