@@ -171,7 +171,11 @@ def find(p, scopes, given=None):
         needs = p.flashfix_needs = {w for n in walk(p) if not isinstance(n, ast.Constant) for w in words(n)
                                     if w.isidentifier() and not w.startswith((ONE, MANY))}
     for scope in [s for s in scopes if all(w in getattr(s, "flashfix_piece", w) for w in needs)]:
-        for node in [scope] + [n for s in scope.body if not isinstance(s, _source._DEFS) for n in walk(s)] if (
+        # a module read in pieces: only the pieces that spell the pattern's words are parsed (a block pattern
+        # needs the statements around, the whole body)
+        body = scope.statements(tuple(needs)) if isinstance(scope, _source.Module) and needs and not isinstance(
+            p, Block) else getattr(scope, "body", None)
+        for node in [scope] + [n for s in body if not isinstance(s, _source._DEFS) for n in walk(s)] if (
                 isinstance(scope, (ast.ClassDef, ast.Module))) else walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``
                 for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
@@ -711,6 +715,7 @@ def _body(tree, node, edit, runs=True, touches=None):
 
     from flashfix.core import render as _render
 
+    node.body  # noqa: B018  (a module read in pieces parses whole now: what edit finds is then in it)
     edited = copy.deepcopy(node) if touches is None else _source.copy_paths(node, touches(node))
     lines, old, versions = _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
     edit(edited, None)
