@@ -667,7 +667,14 @@ class Declaration:
                                                functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
             owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
-            code = _body(_source.module_ast(modname, modules), node, edit, touches=functools.partial(rule.touches, given=given))[1]
+            node.body  # noqa: B018  (a module read in pieces parses whole first: what the hunk matches is in the tree edited)
+            touched = rule.touches(node, given=given)
+            unbound = sorted({n for t in touched for n in _bound_names(t)} - set(vars(owner)))
+            if unbound:  # the matched statement did not run here, as a def under a condition (function_at)
+                raise NotBound("%s.%s is not bound in this process (bound at line %d under a condition that did not "
+                               "hold when %s ran)" % (getattr(owner, "__name__", owner), unbound[0],
+                                                      touched[0].lineno, target.__name__))
+            code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched)[1]
             needed = {a.name: a.value for a in self._adds(target, names)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
             exec(code, vars(target), space)
@@ -706,6 +713,13 @@ class Declaration:
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 
+def _bound_names(node):
+    """The names a statement (an import, an assignment, a def) binds in the scope that holds it."""
+    return {a.asname or a.name.split(".")[0] for a in walk(node) if isinstance(a, ast.alias)} | {
+        n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | (
+        {node.name} if isinstance(node, _source._DEFS) else set())
+
+
 def _body(tree, node, edit, runs=True, touches=None):
     """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
     ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text).
@@ -732,8 +746,7 @@ def _body(tree, node, edit, runs=True, touches=None):
             writer = _render.Writer(lines, marked=False)
             writer.diff(old[i], edited.body[k], top=True)
             text = writer.text(start, old[i].end_lineno)[0]
-            if [ast.dump(s) for s in ast.parse(textwrap.dedent(text)).body] != [ast.dump(edited.body[k])]:
-                text = None
+            text = text if _render.parses_as(textwrap.dedent(text), edited.body[k]) else None
         except Exception:
             text = None
     if text is None:

@@ -28,7 +28,7 @@ import ast
 
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, Shape
-from flashfix.core.source import NotBound, ShapeError
+from flashfix.core.source import ShapeError
 from flashfix.semantic import Backport, Rule, find, pattern
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
@@ -465,13 +465,6 @@ def _extend_merges(tree, func):
     return {}
 
 
-def _merge_state_imported(module):
-    """FlashInfer's merge_state must be imported: sglang imports it only where FlashInfer is available."""
-    if not hasattr(module, "merge_state"):
-        raise NotBound("%s did not import FlashInfer's merge_state in this process (FlashInfer unavailable): nothing "
-                       "merges there" % module.__name__)
-
-
 _MERGE_WHY = """Why: forward_extend's ragged + paged split (an extend over a cached prefix, the default
     FlashInfer path) merges the two parts with FlashInfer's ``merge_state``, whose kernel launches
     head_dim / vec_size x num_heads threads per block: above 1,024 (in bf16, more than 64 query heads
@@ -489,7 +482,7 @@ MERGE_STATE_LAUNCH_LIMIT = Backport(
     after="from flashinfer.cascade import merge_state\nmerge_state = merge_state_any_heads(merge_state, merge_state_triton)",
     needs={"merge_state_any_heads": "flashfix.sglang_patch",
            "merge_state_triton": "sglang.srt.layers.attention.triton_ops.merge_state"},
-    context=_extend_merges, check=_merge_state_imported, fixed_if="merge_state_triton($$$_)",
+    context=_extend_merges, fixed_if="merge_state_triton($$$_)",
     fixed="the module falls back to merge_state_triton where FlashInfer's merge_state cannot launch",
     buggy="forward_extend merges with FlashInfer's merge_state at any head count (imported at line {line})",
     summary="ragged + paged extend: FlashInfer's merge_state is used only where its kernel can launch, else "
