@@ -80,9 +80,9 @@ def _args(func, **values):
     return {n: values[n] for n in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount] if n in values}
 
 
-def _workspace(device="cuda"):
+def _workspace(device="cuda", size=384 << 20):  # SGLang's default size
     import torch
-    return torch.empty(384 << 20 if device == "cuda" else 8, dtype=torch.uint8, device=device)  # as SGLang allocates
+    return torch.empty(size if device == "cuda" else 8, dtype=torch.uint8, device=device)
 
 
 class PagedBatch:
@@ -444,11 +444,9 @@ def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8
             cache = PagedBatch([(1, p) for p, _ in requests], kv_dtype=bf16, page_size=1, head_dim=head_dim, seed=seed,
                                device=device)
             # 96 heads split over the H200's SMs need more than SGLang's default 384 MiB of fa2 scratch
-            space = (lambda: torch.empty(1 << 30, dtype=torch.uint8, device=device)) if device == "cuda" else (
-                lambda: _workspace(device))
-            ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(space(), "NHD", backend="auto")
+            ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device, 1 << 30), "NHD", backend="auto")
             ragged.plan(qo, qo, h, NUM_KV_HEADS, head_dim, causal=True, q_data_type=bf16)
-            paged = fi.BatchPrefillWithPagedKVCacheWrapper(space(), "NHD", backend="fa2")
+            paged = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device, 1 << 30), "NHD", backend="fa2")
             paged.plan(qo, cache.kv_indptr, cache.kv_indices, cache.last_page_len, h, NUM_KV_HEADS, head_dim, 1,
                        causal=False, q_data_type=bf16, kv_data_type=bf16)
             (o1, s1), (o2, s2) = ragged.run(q, k, v, return_lse=True), paged.run(q, (cache.k_cache, cache.v_cache),
