@@ -28,9 +28,10 @@ import logging
 import os
 import threading
 
-from flashfix.core import source as _source
-from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, SetAttr, Shape, note_ran
-from flashfix.core.source import ShapeError
+from flashfix.core import lazy as _lazy
+from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, SetAttr, Shape, ShapeError, note_ran
+
+_source = _lazy.Module("flashfix.core.source")  # a pack holds no reader object (flashfix.core.lazy)
 
 log = logging.getLogger("flashfix")
 

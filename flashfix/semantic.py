@@ -21,42 +21,21 @@ of a list (arguments, statements, ``and`` operands, elements) and ``**$$$X`` the
 pattern does not name. Keywords match by name in any order; metavariables never match
 ``*x``/``**x``. ``inside``: look for the forms only in code matching this pattern. ``where``: a
 pattern that must match once elsewhere in the function; its bindings (e.g. a sibling call's
-arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; more in the comment below.
+arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; how each is derived: the comment opening
+``flashfix/core/matcher.py``.
 """
-# Derived from the one declaration:
-# * the probe: a ``fixed_if``/``after`` form present -> fixed-upstream; the module absent, or the
-#   function absent and the word ``absent_unless_mentioned`` nowhere (without it: unknown-shape, a
-#   move looks the same), or ``context`` says so -> not-affected; ``before`` once in each hunk
-#   (``where`` binding, ``constraints`` met), no @property-like wrapper, every name the new code
-#   reads a local, a builtin or a global the module (or ``needs``) binds -> patch (``check`` named:
-#   decided at import); else unknown-shape, naming where the nearest candidate differs;
-# * the runtime changes and ``flashfix diff``'s plan: first the ``needs`` globals, then each hunk's
-#   function recompiled from its own source with its nodes replaced (``_registry.rewrite``; the
-#   text spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited
-#   statement), or, for a class or the module (``function`` None), the changed statements run there
-#   and what they bind is set on it (``SetAttr``); the imported module is asked again for each name
-#   the new code reads, and refuses the patch whole with the probe's reason.
-# A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
-# with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast``
-# (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the
-# engine-process goal is at most 1 MiB).
+# This module is what a pack imports, and what an engine process keeps: the declarations as written.
+# Everything derived from them (compiled patterns, the probe, the changes) is ``flashfix.core.matcher``'s,
+# built when first used and let go of with it once the engine's patches are decided (``flashfix.core.lazy``).
 
 import ast
-import builtins
-import copy
-import functools
 import importlib
-import re
-import textwrap
 
-from flashfix.core import locate as _locate
+from flashfix.core import lazy as _lazy
 from flashfix.core import registry as _registry
-from flashfix.core import source as _source
-from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Patch, Shape  # noqa: F401  (public)
-from flashfix.core.source import NotBound, ShapeError, walk  # noqa: F401  (NotBound: public)
+from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, NotBound, Patch, Shape, ShapeError  # noqa: F401  (public)
 
-ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
-_DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
+_matcher = _lazy.Module("flashfix.core.matcher")
 
 
 class Block(ast.AST):
@@ -70,694 +49,106 @@ class Block(ast.AST):
         self.lineno = body[0].lineno if body and hasattr(body[0], "lineno") else 0
 
 
-def pattern(text, keyword="pattern"):
-    """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    src = textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)
-    try:
-        body = ast.parse(src).body
-    except SyntaxError as exc:
-        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _show(exc.msg), exc.lineno, text)) from None
-    node = Block(body) if len(body) > 1 else body[0].value if isinstance(body[0], ast.Expr) else body[0]
-    node.flashfix_src = src  # what ``build`` spells its nodes with
-    return node
+def _forward(name):
+    def call(*args, **kwargs):
+        return getattr(_matcher, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = "``flashfix.core.matcher.%s``, imported when called (so that a pack may bind it at import)." % name
+    return call
 
 
-def _meta(node, prefix=ONE):
-    """The metavariable ``node`` spells (``$$$X`` also as a statement or a ``**`` keyword), or None."""
-    if prefix == MANY and (isinstance(node, ast.Expr) or isinstance(node, ast.keyword) and node.arg is None):
-        node = node.value
-    return node.id[len(prefix):] if isinstance(node, ast.Name) and node.id.startswith(prefix) else None
+# The matcher's functions a pack's ``context`` or ``check`` may call.
+find, match, pattern, build, walk, derive_prefix = map(_forward, ("find", "match", "pattern", "build", "walk", "derive_prefix"))
+function_at = _registry.function_at
 
 
-def _splat(node):
-    return isinstance(node, ast.Starred) or isinstance(node, ast.keyword) and node.arg is None
+def __getattr__(name):  # the matcher's other names (``Block``, ...), read through this module
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_matcher, name)
 
 
-def _bind(name, value, b):
-    old = b.setdefault(name, value) if name != "_" else value
-    if isinstance(old, list):
-        return isinstance(value, list) and len(old) == len(value) and all(map(_equal, old, value))
-    return old is value or _equal(old, value)
+class _Written:
+    """Attributes this object does not hold are those of the matcher's object built from it."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._built(), name)
 
 
-def _equal(x, y):
-    return x == y if isinstance(x, str) else match(x, y, {})
-
-
-def match(p, t, b):
-    """Does pattern ``p`` match node ``t``? Extends the bindings ``b`` (on failure it may be
-    left partly extended: callers pass a copy)."""
-    name = _meta(p)
-    if name is not None:
-        return isinstance(t, ast.expr) and not _splat(t) and _bind(name, t, b)
-    if type(p) is not type(t):
-        return False
-    if isinstance(p, ast.Call):
-        return _match_call(p, t, b)
-    for field in p._fields:
-        if field in ("ctx", "kind", "type_comment"):
-            continue
-        pv, tv = getattr(p, field, None), getattr(t, field, None)
-        if isinstance(pv, list):
-            if not isinstance(tv, list) or not _match_list(pv, tv, b):
-                return False
-        elif isinstance(pv, ast.AST):
-            if not isinstance(tv, ast.AST) or not match(pv, tv, b):
-                return False
-        elif isinstance(pv, str) and pv.startswith(ONE):
-            if not isinstance(tv, str) or not _bind(pv[len(ONE):], tv, b):
-                return False
-        elif type(pv) is not type(tv) or pv != tv:
-            return False
-    return True
-
-
-def _match_list(ps, ts, b):
-    if not ps:
-        return not ts
-    many = _meta(ps[0], MANY)
-    for n in range(len(ts) + 1) if many is not None else (None,):
-        trial = dict(b)
-        if many is not None:
-            ok = not any(_splat(t) for t in ts[:n]) and _bind(many, ts[:n], trial) and _match_list(ps[1:], ts[n:], trial)
-        else:
-            ok = bool(ts) and match(ps[0], ts[0], trial) and _match_list(ps[1:], ts[1:], trial)
-        if ok:
-            b.update(trial)
-            return True
-    return False
-
-
-def _match_call(p, t, b):
-    given = {kw.arg: kw for kw in t.keywords}  # None in it: the code passes **kwargs, what it passes cannot be told
-    if None in given or not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
-        return False
-    rest = None
-    for kw in p.keywords:
-        if kw.arg is None:
-            rest = _meta(kw, MANY)
-        elif kw.arg not in given or not match(kw.value, given[kw.arg].value, b):
-            return False
-    extra = [kw for kw in t.keywords if kw.arg not in {k.arg for k in p.keywords}]
-    return _bind(rest, extra, b) if rest is not None else not extra
-
-
-def find(p, scopes, given=None):
-    """``[(node, bindings)]`` for every node inside ``scopes`` that ``p`` matches, each binding
-    starting from ``given``. A scope whose text (``flashfix_piece``: read from a module in pieces)
-    does not spell every name ``p`` spells holds no match: it is not walked."""
-    found, needs, kind = [], getattr(p, "flashfix_needs", None), None if isinstance(p, Block) or _meta(p) else type(p)
-    if needs is None:  # names, attributes, keywords: the code spells each one a match has (its names are NFKC)
-        needs = p.flashfix_needs = {w for n in walk(p) if not isinstance(n, ast.Constant) for w in words(n)
-                                    if w.isidentifier() and not w.startswith((ONE, MANY))}
-    for scope in [s for s in scopes if all(w in getattr(s, "flashfix_piece", w) for w in needs)]:
-        # a module read in pieces: only the pieces that spell the pattern's words are parsed (a block pattern
-        # needs the statements around, the whole body)
-        body = scope.statements(tuple(needs)) if isinstance(scope, _source.Module) and needs and not isinstance(
-            p, Block) else getattr(scope, "body", None)
-        for node in [scope] + [n for s in body if not isinstance(s, _source._DEFS) for n in walk(s)] if (
-                isinstance(scope, (ast.ClassDef, ast.Module))) else walk(scope):
-            if isinstance(p, Block):  # consecutive statements of each block of ``node``
-                for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
-                    for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
-                        b = dict(given or {})
-                        if all(match(x, y, b) for x, y in zip(p.body, block[i:])):
-                            found.append((Block(block[i:i + len(p.body)], (block, i)), b))
-                continue
-            if kind is not None and type(node) is not kind:  # what match() would refuse first
-                continue
-            b = dict(given or {})
-            if match(p, node, b) and all(node is not n for n, _ in found):
-                found.append((node, b))
-    return found
-
-
-def _put(root, old, new):
-    """``new`` where ``old`` is inside ``root``; a ``Block`` match becomes ``new``'s statements."""
-    if not isinstance(old, Block):
-        return _source.replace_node(root, old, new)
-    block, index = old.at
-    block[index:index + len(old.body)] = [ast.copy_location(s, old.body[0]) for s in new.body]
-
-
-def _spliced(item, b):
-    """The statements or items a list entry of a template stands for: ``$$$X``, or a
-    statement ``$X`` bound to a statement (``$RAN``, the one-time marker); else None."""
-    many = _meta(item, MANY)
-    if many is not None:
-        return b[many]
-    one = _meta(item.value) if isinstance(item, ast.Expr) else None
-    return [b[one]] if one is not None and isinstance(b.get(one), ast.stmt) else None
-
-
-def build(template, b, at=None, src=None):
-    """A new node: ``template`` with its metavariables replaced by copies of their bindings; its own nodes
-    get the position of ``at`` when given, and their spelling (``flashfix_text``, for ``_render``): the
-    pattern's own text, each metavariable written as the engine's text of its binding."""
-    name = _meta(template)
-    if name is not None:  # the binding, in the template's load/store context (``$X = f($X)``)
-        new = copy.deepcopy(b[name])
-        if hasattr(new, "ctx") and hasattr(template, "ctx"):
-            new.ctx = template.ctx
-        return new
-    src = getattr(template, "flashfix_src", src)
-    node = copy.copy(template)
-    for field, value in ast.iter_fields(template):
-        if isinstance(value, list):
-            out = []
-            for item in value:
-                spliced = _spliced(item, b) if isinstance(item, ast.AST) else None
-                out += copy.deepcopy(spliced) if spliced is not None else [
-                    build(item, b, at, src) if isinstance(item, ast.AST) else item]
-            setattr(node, field, out)
-        elif isinstance(value, ast.AST):
-            setattr(node, field, build(value, b, at, src))
-        elif isinstance(value, str) and value.startswith(ONE):
-            setattr(node, field, b[value[len(ONE):]])
-    if src is not None and getattr(template, "end_lineno", None) is not None:
-        node.flashfix_text = functools.partial(_spell, src, template, b)
-    if at is not None and "lineno" in node._attributes:
-        ast.copy_location(node, at)
-    return node
-
-
-def _spell(src, template, b, spell, marked):
-    """``template``'s text in the pattern ``src``, each metavariable written as ``spell`` of its
-    binding (``$RAN``: the marker, or no line unless ``marked``), later lines indented relative to the first."""
-    from flashfix.core import render as _render
-
-    text = _render.Writer(_render._lines(src))
-    first, last = text.at(template.lineno, template.col_offset), text.at(template.end_lineno, template.end_col_offset)
-    names = {text.at(n.lineno, n.col_offset): (n, p) for p in walk(template) for n in ast.iter_child_nodes(p)
-             if isinstance(n, ast.Name)}
-    out, position = [], first
-    for found in re.compile(r"(\*\*)?(__ffx_1_|__ffx_n_)(\w+)").finditer(src, first, last):
-        start, end, name = found.start(), found.end(), found.group(3)
-        node, parent = names.get(found.start(2), (None, None))
-        value = ([b[name]] if marked else []) if name == "RAN" else b[name]
-        if isinstance(value, list):
-            statements = isinstance(parent, ast.Expr)
-            piece = spell(value, "\n" if statements else " %s " % type(parent.op).__name__.lower()
-                          if isinstance(parent, ast.BoolOp) else ", ")
-            if not value and statements:  # the line goes
-                start, end = text.line_start(start), src.find("\n", end) + 1 or len(src)
-            elif not value:  # and a separator next to it
-                after = re.match(r"\s*(,|and\b|or\b)\s*", src[end:])
-                before = re.search(r"(,|\band|\bor)\s*$", src[first:start])
-                start, end = (start, end + after.end()) if after else (start - len(before.group(0)) if before else start, end)
-        else:  # an attribute name, or an expression in brackets where the pattern binds tighter
-            piece = value if isinstance(value, str) else _render.bracketed(spell(value), value, parent, node)
-        out += [src[position:start], _render.reindent(piece, text.indent(start))]
-        position = end
-    out.append(src[position:last])
-    return _render.reindent("".join(out), "", text.indent(first))
-
-
-def _text(value):
-    if isinstance(value, (Block, list)):  # statements, or items
-        return ("; " if isinstance(value, Block) else ", ").join(_text(v) for v in getattr(value, "body", value))
-    return ast.unparse(value) if isinstance(value, ast.AST) else str(value)
-
-
-def _show(node):  # a pattern as the declaration spells it
-    return (getattr(node, "flashfix_src", None) or _text(node)).replace(MANY, "$$$").replace(ONE, "$")
-
-
-_WORD_FIELDS = {ast.FunctionDef: ("name",), ast.AsyncFunctionDef: ("name",), ast.ClassDef: ("name",),
-                ast.ImportFrom: ("module",), ast.alias: ("name", "asname"), ast.Name: ("id",),
-                ast.Attribute: ("attr",), ast.keyword: ("arg",), ast.arg: ("arg",)}
-
-
-def words(node):
-    """The identifiers and strings that ``node`` itself spells (not its children's): a def or class name, an
-    imported module or name, a name, an attribute, a keyword or argument name, a string constant."""
-    if isinstance(node, ast.Constant):
-        return [node.value] if isinstance(node.value, str) and node.value else []
-    return [w for w in (getattr(node, f) for f in _WORD_FIELDS.get(type(node), ())) if w]
-
-
-_BODIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
-
-
-def _target(tree, qualname):
-    """The def or class ``qualname`` names in ``tree`` (a module's AST), the module itself for None."""
-    return (_source.find_def(tree, qualname) if qualname else tree) if isinstance(tree, ast.Module) else None
-
-
-def function_at(module, qualname):
-    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
-    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none (``NotBound`` where the
-    name is not bound at all: defined under a condition that did not hold)."""
-    owner = module
-    *outer, name = qualname.split(".")
-    for part in outer:
-        owner = getattr(owner, part, None)
-        if not isinstance(owner, type):
-            raise ShapeError("%s has no class %s" % (module.__name__, part))
-    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if obj is None and name not in vars(owner):
-        raise NotBound("%s.%s is not bound in this process (defined under a condition that did not hold when %s ran)"
-                       % (getattr(owner, "__name__", owner), name, module.__name__))
-    for _ in range(10):
-        code = getattr(obj, "__code__", None)
-        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
-            return obj
-        obj = getattr(obj, "__wrapped__", None)
-    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
-
-
-class Rule:
-    """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function``, the
-    compiled patterns and what is derived from them (the keywords: ``Backport``'s docstring)."""
+class Rule(_Written):
+    """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function`` (the keywords:
+    ``Backport``'s docstring), as written; the matcher compiles it when it is first used."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
-        self.module, self.function, self.name = module, function, function or module
-        names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
-        self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
-        self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if is None  # derivable: ``after``
-        self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else fixed_if or [  # upstream's
-            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)]  # form (derive_prefix turns it back), without $RAN
-        before, after = (parsed := self._parse())["before"], parsed["after"]  # a pattern that is not Python fails here
-        self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
-        self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in walk(after))
-        self.fixed = fixed or "%s has the fixed form `{form}`" % self.name
-        self.buggy = buggy or "%s (line {line}) has the pre-fix form `%s`" % (self.name, _show(
-            before.value if isinstance(before, ast.Expr) else before))
+        self.module, self.function = module, function
+        self.written = (module, function, before, after, dict(
+            where=where, inside=inside, absent_unless_mentioned=absent_unless_mentioned, fixed=fixed, buggy=buggy,
+            fixed_if=fixed_if, constraints=constraints, every=every))
 
-    def _parse(self):  # the patterns, kept until forget() like a module's tree: an engine process keeps none
-        before, after, where, inside, fixed_if = self._texts
-        after, before = pattern(after, "after"), pattern(before, "before")
-        if isinstance(after, (ast.stmt, Block)) and isinstance(before, ast.expr):
-            before = ast.Expr(before)
-        if isinstance(after, Block) != isinstance(before, Block):  # n statements -> m: both blocks
-            after, before = (x if isinstance(x, Block) else Block([x]) for x in (after, before))
-        return _source._parsed.setdefault(self, {
-            "before": before, "after": after, "where": pattern(where, "where") if where else None,
-            "inside": pattern(inside, "inside") if inside else None, "fixed_if": [pattern(f, "fixed_if") for f in fixed_if]})
-
-    before, after, where, inside, fixed_if = (property(lambda self, k=k: (_source._parsed.get(self) or self._parse())[k])
-                                              for k in ("before", "after", "where", "inside", "fixed_if"))
-
-    def _scopes(self, func):
-        return [n for n, _ in find(self.inside, [func])] if self.inside is not None else [func]
-
-    def _given(self, func, given=None):
-        args = func.args.posonlyargs + func.args.args if hasattr(func, "args") else ()
-        return dict(given or {}, **({"SELF": ast.Name(args[0].arg, ast.Load())} if args else {}))
-
-    def fixed_form(self, func, scopes=None):
-        """The fixed-upstream Shape if ``func`` (its ``scopes``) has a ``fixed_if`` form, else None."""
-        scopes = self._scopes(func) if scopes is None else scopes
-        for form in self.fixed_if:
-            found = find(form, scopes, self._given(func))
-            if found:
-                return Shape(FIXED, self._say(self.fixed, func, *found[0], form=_show(form)))
-        return None
-
-    def _allowed(self, b):
-        return next(("$%s is `%s`, not `%s`" % (k, _text(item), r.pattern) for k, r in self.constraints.items()
-                     for item in (b[k] if isinstance(b.get(k), list) else [b.get(k)])
-                     if not r.fullmatch(_text(item))), None)
-
-    def site(self, func, tree=None, given=None):
-        """``([(node, bindings)] or None, Shape)`` for the def node ``func`` (None: not there)."""
-        if not isinstance(func, _BODIES):
-            return None, Shape(ABSENT, "%s has no function %s" % (self.module, self.function))
-        scopes, given = self._scopes(func), self._given(func, given)
-        fixed = self.fixed_form(func, scopes)
-        if fixed is not None:
-            return None, fixed
-        checked = [(n, b, self._allowed(b)) for n, b in find(self.before, scopes, given)]
-        found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
-        if len(found) > 1 and not self.every:
-            return None, Shape(UNKNOWN, "expected one `%s` in %s, found %d (lines %s)" % (
-                _show(self.before), self.name, len(found), ", ".join(str(n.lineno) for n, _ in found)))
-        stray = self._stray(scopes, found) if self.every else None
-        if stray is not None:
-            return None, Shape(UNKNOWN, "`%s` at line %d is not of the form `%s`" % (
-                _text(stray)[:80], stray.lineno, _show(self.before)))
-        if not found:
-            if refused:
-                return None, Shape(UNKNOWN, "`%s` at line %d is not the pre-fix form: %s" % (
-                    _text(refused[0][0])[:80], refused[0][0].lineno, refused[0][1]))
-            return None, self._missing(func, scopes, tree)
-        context = find(self.where, [func], given) if self.where is not None else None
-        for node, b in found:
-            if context is not None and (
-                    len(context) != 1 or not all(_bind(k, v, b) for k, v in context[0][1].items())):
-                return None, Shape(UNKNOWN, "`%s` (line %d) is the pre-fix form, but %s has %d `%s` %s" % (
-                    _show(self.before), node.lineno, self.name, len(context), _show(self.where),
-                    "whose bindings differ" if len(context) == 1 else "(expected one)"))
-            twice = [k.arg for c in walk(build(self.after, dict(b, RAN=ast.Pass()))) if isinstance(c, ast.Call)
-                     for i, k in enumerate(c.keywords) if k.arg and k.arg in [x.arg for x in c.keywords[:i]]]
-            if twice:
-                return None, Shape(UNKNOWN, "`%s` (line %d) already passes %s" % (
-                    _text(node)[:80], node.lineno, ", ".join(twice)))
-        return found, Shape(BUGGY, self._say(self.buggy, func, *found[0]))
-
-    def _stray(self, scopes, found):
-        """Under ``every``: a call of the pattern's first callee outside every match, or None."""
-        head = next((ast.dump(n.func) for n in walk(self.before) if isinstance(n, ast.Call)), None)
-        inside = {id(x) for n, _ in found for x in walk(n)}
-        return next((c for s in scopes for c in walk(s) if head is not None and isinstance(c, ast.Call)
-                     and id(c) not in inside and ast.dump(c.func) == head), None)
-
-    def _say(self, text, func, node, b, **more):
-        return text.format(line=node.lineno, name=getattr(func, "name", self.name),
-                           **dict({k: _text(v) for k, v in b.items()}, **more))
-
-    def _missing(self, func, scopes, tree):
-        if self.word and tree is not None and _mention(tree, self.word) is None:
-            owner = _source.find_def(tree, self.function.split(".")[0]) if "." in (self.function or "") else None
-            if isinstance(owner, ast.ClassDef) and (owner.keywords or any(
-                    not (isinstance(base, ast.Name) and base.id == "object") for base in owner.bases)):
-                return Shape(UNKNOWN, "%s never mentions %s, but %s has a base class that might set it"
-                             % (self.module, self.word, owner.name))
-            return Shape(ABSENT, "%s has no %s in this release (%s never assigns or mentions it)" % (
-                owner.name if owner is not None else self.module, self.word, self.module))
-        p = self.before.body[0] if isinstance(self.before, Block) else self.before
-        p = p.value if isinstance(p, ast.Expr) else p
-        near = [n for s in scopes for n in walk(s) if type(n) is type(p)
-                and (not isinstance(p, ast.Call) or ast.dump(n.func) == ast.dump(p.func))]
-        where = " inside `%s`" % _show(self.inside) if self.inside is not None else ""
-        if not near:
-            return Shape(UNKNOWN, "no `%s` in %s%s" % (_show(p), self.name, where))
-        node = near[0]
-        if isinstance(p, ast.Call):
-            wanted = [k.arg for k in p.keywords if k.arg]
-            has = [k for k in wanted if k in {x.arg for x in node.keywords}]
-            fixed = [a for a in p.args if _meta(a, MANY) is None]
-            if any(map(_splat, node.args + node.keywords)):
-                how = "passes *args/**kwargs"
-            elif len(has) < len(wanted):
-                how = "has keyword %s but not %s" % (", ".join(has) or "none", ", ".join(k for k in wanted if k not in has))
-            elif len(fixed) == len(p.args) and len(node.args) != len(fixed):
-                how = "takes %d positional arguments, the pattern %d" % (len(node.args), len(fixed))
-            else:
-                how = "differs"
-            return Shape(UNKNOWN, "the call %s at line %d %s (pattern `%s`)" % (
-                ast.unparse(node.func), node.lineno, how, _show(p)))
-        return Shape(UNKNOWN, "`%s` at line %d%s differs from `%s`" % (_text(node)[:80], node.lineno, where, _show(p)))
-
-    def touches(self, func_def, given=None):  # the nodes ``edit`` replaces (``_source.copy_paths``)
-        return [n for node, _ in self.site(func_def, None, given)[0] for n in (node.body if isinstance(node, Block) else [node])]
-
-    def edit(self, func_def, mark, given=None, names=None):
-        """The runtime edit (also ``flashfix diff``'s): each pre-fix node becomes ``after``, with
-        the marker at ``$RAN`` or before the edited statement. ``names`` collects the names the
-        new code reads that the function does not bind (they must be globals)."""
-        found, shape = self.site(func_def, None, given)
-        if shape.kind != BUGGY:
-            raise ShapeError(shape.reason)
-        news = []
-        for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
-            new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
-            _put(func_def, node, new)
-            if not self.ran and number == 0 and mark is not None:  # None: a class body or module, no marker
-                _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
-            news.append(new)
-        if names is not None:
-            names.update(_free_names(news, func_def))
-        ast.fix_missing_locations(func_def)
+    def _built(self):
+        return _matcher.rule_of(self)
 
 
-def _provides(modname, name):
-    """Does ``modname`` bind ``name``? flashfix's own modules are asked as imported (the doctor judges
-    with its own flashfix, whatever environment it reads), an engine's from its source."""
-    if modname.partition(".")[0] == "flashfix":
-        return hasattr(importlib.import_module(modname), name)
-    return _source.binds(modname, name)
-
-
-def _free_names(news, func):
-    """Names the new nodes ``news`` read that ``func`` and they bind nowhere: parameters (also of a
-    lambda or a nested def), assignment and loop targets, ``as`` names, defs, imports."""
-    bound = set()
-    for n in (n for root in [func] + news for n in walk(root)):
-        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-            bound.add(n.id)
-        elif isinstance(n, (ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)):
-            bound.add(getattr(n, "arg", None) or n.name)
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
-    return {n.id for new in news for n in walk(new) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-            and n.id not in bound and not hasattr(builtins, n.id) and n.id != _source.MARK_NAME}
-
-
-def _mention(tree, word):
-    """The first node of ``tree`` that spells ``word`` (any case) in a name or string, or None."""
-    if isinstance(tree, _source.Module) and tree.unspelled(word):  # a module: parsed only where it may spell it
-        return None
-    return next((n for n in walk(tree) if any(word.lower() in w.lower() for w in words(n))), None)
-
-
-class Declaration:
-    """A backport's hunks, applied together: the probe, the runtime changes and the diff plan."""
-
-    sites = property(lambda self: tuple(layout[0] for layout in self.layouts))  # the first hunk's site per layout
+class Declaration(_Written):
+    """A backport's hunks, applied together, as written: the probe, the runtime changes and the diff plan are
+    the matcher's ``Declaration``'s, built from it when first asked."""
 
     def __init__(self, id, hunks, sites, needs, context, check):
-        self.id, self.hunks, self.needs, self.context, self.check = id, hunks, dict(needs or {}), context, check
-        self.layouts = [s if isinstance(s[0], tuple) else (s,) + tuple((h.module, h.function) for h in hunks[1:])
-                        for s in sites or ((hunks[0].module, hunks[0].function),)]
+        self.id, self.hunks, self.sites_written, self.needs, self.context, self.check = id, hunks, sites, needs, context, check
 
+    def _built(self):
+        return _matcher.declaration_of(self)
+
+    # What the registry holds of a declaration (``Patch``) is these, not the matcher's bound methods.
     def targets(self):
-        """The module that defines the first hunk's function (from definitions, read when the
-        engine is imported), or the first site's where none or several do (the probe says why)."""
-        defining = []
-        for modname, qualname in self.sites:
-            found = _locate.find(modname)
-            try:
-                node = found is not None and found.text is not None and _target(_source.parse_text(found.text, found.origin), qualname)
-            except (ShapeError, SyntaxError, ValueError):
-                node = True  # defined, but not readably: the probe says why
-            defining += [modname] if node else []
-        return (defining[0],) if len(set(defining)) == 1 else (self.sites[0][0],)
-
-    derivable = property(lambda self: all(h.derivable for h in self.hunks))  # every ``after`` is upstream's form
-
-    def locate(self, tree_of, trees=None):
-        """``[(module, qualname, def node)]``: each site that defines the first hunk's function;
-        ``tree_of(module)`` gives a module's AST, None or ``SOURCELESS`` (kept in ``trees``)."""
-        trees, defs = {} if trees is None else trees, []
-        for modname, qualname in self.sites:
-            tree = trees[modname] = tree_of(modname)
-            node = _target(tree, qualname)
-            if isinstance(node, _BODIES):
-                defs.append((modname, qualname, node))
-        return defs
-
-    def shape(self, tree_of):
-        """``(Shape, [(rule, module, qualname, found)], bindings)`` with ``tree_of`` as for ``locate``."""
-        trees = {}
-        defs = self.locate(tree_of, trees)
-        if len(defs) != 1:
-            return self._absent(trees, defs), None, None
-        located, layout = [], next(layout for layout in self.layouts if layout[0] == defs[0][:2])
-        for index, rule in enumerate(self.hunks):  # a hunk's function is read only if no earlier one is fixed
-            modname, qualname = layout[index]  # layout[0]: the site of defs[0]
-            if modname not in trees:
-                trees[modname] = tree_of(modname)
-            func = defs[0][2] if index == 0 else _target(trees[modname], qualname)
-            fixed = rule.fixed_form(func) if func is not None else None
-            if fixed is not None:
-                return fixed, None, None
-            located.append((rule, modname, qualname, func))
-        missing = [q for _, _, q, func in located if func is None]
-        if missing:
-            return Shape(UNKNOWN, "not found: %s" % ", ".join(missing)), None, None
-        given = self.context(trees[located[0][1]], located[0][3]) if self.context is not None else {}
-        if isinstance(given, Shape):
-            return given, None, None
-        out, first, names = [], None, set()
-        for rule, modname, qualname, func in located:
-            found, shape = rule.site(func, trees[modname], given)
-            odd = [ast.unparse(d) for d in getattr(func, "decorator_list", ()) if isinstance(func, ast.FunctionDef)
-                   and _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
-            if shape.kind == BUGGY and odd:  # the runtime would find no function there to recompile
-                shape = Shape(UNKNOWN, "%s is not a plain function of %s: @%s" % (qualname, modname, odd[0]))
-            if shape.kind != BUGGY:
-                return shape, None, None
-            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
-                _body(trees[modname], func, functools.partial(rule.edit, given=given))
-            first = first or shape
-            names.update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
-            out.append((rule, modname, qualname, func))
-        modname = located[0][1]  # the names the new code reads, as prepare() asks the imported module
-        lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
-                   and not (n in self.needs and _provides(self.needs[n], n))]
-        if lacking:
-            return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
-        if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
-            first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join((
-                self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
-        return first._replace(functions=tuple((m, q) for _, m, q, _ in out)), out, given
-
-    def _lacks(self, name, modname):
-        return "the new code reads %s, which %s lacks%s" % (name, modname, (
-            ", and the installed %s has no %s" % (self.needs[name], name)) if name in self.needs else "")
-
-    def _absent(self, trees, defs):
-        rule, names = self.hunks[0], " or ".join(sorted({(q or m).rsplit(".", 1)[-1] for m, q in self.sites}))
-        if len(defs) > 1:
-            return Shape(UNKNOWN, "expected one %s, found %s" % (names, ", ".join("%s:%s" % d[:2] for d in defs)))
-        sourceless = [m for m, t in trees.items() if t is _source.SOURCELESS]
-        if sourceless:
-            return Shape(UNKNOWN, "no %s found; the source of %s is not available" % (names, ", ".join(sourceless)))
-        read = [m for m, t in trees.items() if t is not None]
-        said = {m: _mention(trees[m], rule.word) for m in read} if rule.word else {}
-        if not rule.word or any(said.values()):
-            return Shape(UNKNOWN, "no %s found in %s%s" % (names, ", ".join(read) or "any module (none of %s is there)"
-                                                          % ", ".join(trees), "".join(
-                ", but %s mentions %r (line %d)" % (m, next(w for w in words(n) if rule.word.lower() in w.lower())[:50],
-                                                    n.lineno)
-                for m, n in said.items() if n is not None) or ": moved or renamed? (with absent_unless_mentioned=WORD, "
-                "a release whose module never mentions WORD is not-affected)"))
-        missing = [m for m, t in trees.items() if t is None]
-        return Shape(ABSENT, "nothing in %s defines %s or mentions %r%s" % (
-            ", ".join(read), names, rule.word, "; no module %s" % ", ".join(missing) if missing else ""))
+        return self._built().targets()
 
     def probe(self, trees):
-        return self.shape(lambda m: trees[m] if m in trees else _source.module_ast(m))[0]
+        return self._built().probe(trees)
 
-    def _plan(self, tree_of):
-        shape, located, given = self.shape(tree_of)
-        if shape.kind != BUGGY:
-            raise ShapeError(shape.reason)
-        return located, given
+    def prepare(self, modules):
+        return self._built().prepare(modules)
+
+    def plan(self, planner):
+        return self._built().plan(planner)
 
     def ahead(self):
-        """What ``prepare_ahead`` needs, made from the source before the targets run (``_registry._read_ahead``):
-        ``([(module, qualname, unedited, marked, plain)], names)``; None where a hunk changes a class body or a
-        module's top level (``prepare`` then reads the imported code, as it does where the loaded code differs)."""
-        located, given = self._plan(_source.module_ast)
-        names, made = set(), []
-        for rule, modname, qualname, node in located:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return None
-            edit, mark = functools.partial(rule.edit, given=given, names=names), _source.marker(_registry.site_of(self.id, qualname))
-            made.append((modname, qualname) + _source.rewrite_ahead(_source.module_ast(modname), qualname, node, lambda n: edit(
-                n, mark), functools.partial(rule.touches, given=given)))
-        return made, names
+        return self._built().ahead()
 
     def prepare_ahead(self, modules, made, names):
         """``prepare``'s changes from what ``ahead()`` made, or None where a loaded function does not run the code
-        it was made from (``_registry._decide`` then calls ``prepare``)."""
+        it was made from (``_registry._decide`` then calls ``prepare``). Needs no matcher: after the import, an
+        engine process decides from what it read ahead without importing the heavy modules again."""
         target = lambda name: modules.get(name) or importlib.import_module(name)  # noqa: E731
-        swaps = [_registry.swap(function_at(target(m), q), self.id, q, *codes) for m, q, *codes in made]
+        swaps = [_registry.swap(_registry.function_at(target(m), q), self.id, q, *codes) for m, q, *codes in made]
         if None in swaps:
             return None
         module = target(made[0][0])
         if self.check is not None:
             self.check(module)
-        return self._adds(module, names) + swaps
-
-    def prepare(self, modules):
-        located, given = self._plan(lambda m: _source.module_ast(m, modules))
-        module = modules.get(located[0][1]) or importlib.import_module(located[0][1])
-        if self.check is not None:
-            self.check(module)
-        names, swaps = set(), []
-        for rule, modname, qualname, node in located:
-            target = modules.get(modname) or importlib.import_module(modname)
-            edit = functools.partial(rule.edit, given=given, names=names)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id,
-                                               functools.partial(rule.touches, given=given)))
-                continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
-            owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
-            node.body  # noqa: B018  (a module read in pieces parses whole first: what the hunk matches is in the tree edited)
-            touched = rule.touches(node, given=given)
-            unbound = sorted({n for t in touched for n in _bound_names(t)} - set(vars(owner)))
-            if unbound:  # the matched statement did not run here, as a def under a condition (function_at)
-                raise NotBound("%s.%s is not bound in this process (bound at line %d under a condition that did not "
-                               "hold when %s ran)" % (getattr(owner, "__name__", owner), unbound[0],
-                                                      touched[0].lineno, target.__name__))
-            code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched)[1]
-            needed = {a.name: a.value for a in self._adds(target, names)}  # ``needs``: read by the new statements
-            space = dict(vars(owner), **needed)
-            exec(code, vars(target), space)
-            swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items()
-                      if vars(owner).get(k, space) is not v and needed.get(k, space) is not v]
-        return self._adds(module, names) + swaps
-
-    def _adds(self, module, names):
-        """The globals the new code reads that ``module`` lacks, from ``needs`` (else the probe's reason)."""
-        adds = []
-        for name in sorted(n for n in names if not hasattr(module, n)):
-            source = importlib.import_module(self.needs[name]) if name in self.needs else None
-            if not hasattr(source, name):
-                raise ShapeError(self._lacks(name, module.__name__))
-            adds.append(_registry.SetAttr(module, name, getattr(source, name)))
-        return adds
-
-    def plan(self, planner):
-        located, given = self._plan(_source.module_ast)
-        names, start = set(), len(planner.changes)
-        for rule, modname, qualname, node in located:
-            edit = functools.partial(rule.edit, given=given, names=names)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                planner.rewrite(modname, qualname, edit)
-            else:
-                from flashfix.tools import diff as _diff
-
-                tree = _source.module_ast(modname)
-                planner.changes.append(_diff.Rewrite(self.id, modname, qualname, tree.flashfix_origin, tree.flashfix_text,
-                                                     _body(tree, node, edit, touches=functools.partial(
-                                                         rule.touches, given=given))[0], None, None))
-        swaps, planner.changes[start:] = planner.changes[start:], []
-        modname = located[0][1]
-        for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
-            planner.add_name(modname, name, self.needs[name], name)
-        planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
+        return needed_globals(module, names, self.needs or {}) + swaps
 
 
-def _bound_names(node):
-    """The names a statement (an import, an assignment, a def) binds in the scope that holds it."""
-    return {a.asname or a.name.split(".")[0] for a in walk(node) if isinstance(a, ast.alias)} | {
-        n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | (
-        {node.name} if isinstance(node, _source._DEFS) else set())
+def lacks(name, modname, needs):
+    """The reason a patch whose new code reads ``name`` is refused where ``modname`` (and ``needs``) lacks it."""
+    return "the new code reads %s, which %s lacks%s" % (name, modname, (
+        ", and the installed %s has no %s" % (needs[name], name)) if name in needs else "")
 
 
-def _body(tree, node, edit, runs=True, touches=None):
-    """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
-    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text).
-    ``touches(node)``: the nodes ``edit`` replaces, so that only they are copied and the statements around
-    them keep the file's own spelling."""
-    import difflib
-
-    from flashfix.core import render as _render
-
-    node.body  # noqa: B018  (a module read in pieces parses whole now: what edit finds is then in it)
-    edited = copy.deepcopy(node) if touches is None else _source.copy_paths(node, touches(node))
-    lines, old, versions = _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
-    edit(edited, None)
-    changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False)
-               .get_opcodes() if o[0] != "equal"]
-    if len(changed) != 1 or runs and changed[0][0] == "delete":
-        raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
-                         % (getattr(node, "name", None) or tree.flashfix_origin))
-    _, i, j, k, m = changed[0]
-    start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
-    text = None
-    if j - i == m - k == 1 and type(old[i]) is type(edited.body[k]):  # one statement changed inside (an ``if`` block):
-        try:  # only what changed is respelled, the rest is the file's text (checked below, as the fallback is)
-            writer = _render.Writer(lines, marked=False)
-            writer.diff(old[i], edited.body[k], top=True)
-            text = writer.text(start, old[i].end_lineno)[0]
-            text = text if _render.parses_as(textwrap.dedent(text), edited.body[k]) else None
-        except Exception:
-            text = None
-    if text is None:
-        text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in edited.body[k:m]),
-                               lines[old[0].lineno - 1][:old[0].col_offset])  # the pattern's text, bindings the engine's
-    parsed = ast.parse(textwrap.dedent(text))
-    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
-        raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)
-    rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:old[j - 1].end_lineno if j > i else 0]),
-                                dict.fromkeys(versions, text), dict.fromkeys(versions, ()), ())
-    return rendered, compile(ast.increment_lineno(parsed, start - 1), tree.flashfix_origin, "exec")
+def needed_globals(module, names, needs):
+    """``SetAttr`` changes giving ``module`` the globals in ``names`` it lacks, from ``needs`` (``{name: module}``);
+    a ShapeError where neither has one."""
+    adds = []
+    for name in sorted(n for n in names if not hasattr(module, n)):
+        source = importlib.import_module(needs[name]) if name in needs else None
+        if not hasattr(source, name):
+            raise ShapeError(lacks(name, module.__name__, needs))
+        adds.append(_registry.SetAttr(module, name, getattr(source, name)))
+    return adds
 
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
@@ -786,7 +177,8 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
-    unbound = [(h.name, v) for h in hunks for v in h.unbound] if context is None else []
+    unbound = [(h.name, v) for h in hunks for v in h.unbound]  # compiles each hunk: a pattern that is not Python fails
+    unbound = unbound if context is None else []
     if unbound:
         raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))
     for specifiers in [versions] + list((requires or {}).values()):  # a malformed one fails here, not when judged
@@ -803,37 +195,3 @@ def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # n
     decl = Declaration(id, (shape,), None, None, None, None) if shape else None
     return Patch(id, engine, (shape.module,) if shape else (), versions, upstream, None, None, summary,  # doc: why_not
                  decl.probe if decl else lambda trees: Shape(BUGGY, "judged by version"), None, None, why_not)
-
-
-def derive_prefix(patch, text):
-    """``text`` (a module's source with the fix) with each hunk's ``after`` turned back into ``before`` in its
-    function (of the layout in ``sites`` that ``text`` defines), other lines kept: a pre-fix shape.
-    ValueError unless every ``after`` is upstream's form and matches once (at least once under ``every``)."""
-    from flashfix.core import render as _render
-
-    decl = patch.rule
-    if not decl.derivable:
-        raise ValueError("%s: its after-form is not upstream's (fixed_if): nothing to turn back" % decl.id)
-    layout = next((l for l in decl.layouts if _target(_source.Module(text, "<derived>"), l[0][1]) is not None),
-                  decl.layouts[0])
-    for rule, (modname, qualname) in zip(decl.hunks, layout):
-        tree = _source.Module(text, "<derived>")
-        func = _target(tree, qualname)
-        if not isinstance(func, _BODIES):
-            raise ValueError("%s has no function %s" % (modname, qualname))
-        edited = copy.deepcopy(func)
-        found = find(rule.after, rule._scopes(edited))
-        if len(found) != 1 and not (rule.every and found):
-            raise ValueError("expected one `%s` in %s, found %d" % (_show(rule.after), qualname, len(found)))
-        try:
-            for node, b in reversed(found):
-                _put(edited, node, build(rule.before, b))
-        except KeyError as exc:
-            raise ValueError("%s: `before` uses $%s, which `after` does not bind: write the pre-fix shape by hand"
-                             % (qualname, exc.args[0])) from None
-        rendered = _source.render_edit(text, func, ast.fix_missing_locations(edited)) if isinstance(func, (
-            ast.FunctionDef, ast.AsyncFunctionDef)) else _body(tree, func, lambda e, _: setattr(e, "body", edited.body), False)[0]
-        lines = _render._lines(text)
-        text = "".join(lines[:rendered.start - 1] + [rendered.text()] + lines[rendered.start - 1 + len(
-            _render._lines(rendered.before)):])
-    return text

@@ -26,10 +26,11 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 
 import ast
 
-from flashfix.core import source as _source
-from flashfix.core.registry import ABSENT, Shape
-from flashfix.core.source import ShapeError
+from flashfix.core import lazy as _lazy
+from flashfix.core.registry import ABSENT, Shape, ShapeError
 from flashfix.semantic import Backport, Rule, find, pattern
+
+_source = _lazy.Module("flashfix.core.source")  # a pack holds no reader or matcher object (flashfix.core.lazy)
 
 UPSTREAM = "https://github.com/sgl-project/sglang/pull/34217"
 FIXED_IN = "0.5.18"

@@ -2,10 +2,11 @@
 
 import ast
 
-from flashfix.core import source as _source
-from flashfix.core.registry import ABSENT, Shape
-from flashfix.core.source import ShapeError
+from flashfix.core import lazy as _lazy
+from flashfix.core.registry import ABSENT, Shape, ShapeError
 from flashfix.semantic import Backport, Rule, find, match, pattern
+
+_source = _lazy.Module("flashfix.core.source")  # a pack holds no reader or matcher object (flashfix.core.lazy)
 
 PATCH_ID = "vllm-sink-prefill"
 TARGET = "vllm.v1.attention.backends.flashinfer"

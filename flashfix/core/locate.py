@@ -27,6 +27,8 @@ import os
 import sys
 from collections import namedtuple
 
+from flashfix.core.packs import _normal  # noqa: F401  (a distribution name as PEP 503 normalises it)
+
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
 
@@ -161,12 +163,6 @@ class ImportSystem:
 
     def describe(self):
         return self.label
-
-
-def _normal(dist):
-    import re
-
-    return re.sub(r"[-_.]+", "-", dist).lower()
 
 
 def _metadata_version(text):

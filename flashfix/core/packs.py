@@ -31,7 +31,13 @@ import sys
 from collections import namedtuple
 
 import flashfix
-from flashfix.core.locate import _normal  # a distribution name as PEP 503 normalises it
+
+def _normal(dist):
+    """A distribution name as PEP 503 normalises it."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
 
 GROUP = "flashfix.patches"
 OWN = "flashfix"

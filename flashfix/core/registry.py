@@ -39,13 +39,25 @@ from collections import namedtuple
 
 import flashfix
 from flashfix.core import config as _config
-from flashfix.core import locate as _locate
+from flashfix.core import lazy as _lazy
 from flashfix.core import packs as _packs
-from flashfix.core import source as _source
-from flashfix.core.source import NotBound, ShapeError
 
+_locate, _source = _lazy.Module("flashfix.core.locate"), _lazy.Module("flashfix.core.source")  # see lazy: an engine
+# process imports them only while it decides
 log = logging.getLogger("flashfix")
 _lock = threading.RLock()
+
+
+class ShapeError(Exception):
+    """The code is not what a patch expects; the message says what differs."""
+
+
+class NotBound(ShapeError):
+    """What the source defines under a condition was not bound when the module ran (sglang defines its FlashInfer
+    helpers only where FlashInfer is available): none of it runs in this process, which is not affected."""
+
+
+MARK_NAME = "__flashfix_mark__"  # the module global through which marked code reports its first run
 
 # Shape-probe results.
 FIXED, ABSENT, BUGGY, UNKNOWN = "fixed", "absent", "buggy", "unknown"
@@ -114,7 +126,7 @@ class SwapCode:
     """Give an existing function new code, so every reference to it (``from x import f`` copies included) runs
     the fix. ``marked`` reports its first run, then swaps itself for ``plain`` and is let go; undone only if the function
     still runs one of the two. The marker reaches ``mark_ran`` through one global of the function's module
-    (``_source.MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
+    (``MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
 
     def __init__(self, func, marked, plain, site, ahead=False):
         self.func, self.marked, self.plain, self.site = func, marked, plain, site
@@ -146,10 +158,10 @@ _mark_users = {}  # id(module globals) -> how many applied SwapCodes need the ma
 
 
 def _hold_mark(namespace):
-    current = namespace.get(_source.MARK_NAME, _MISSING)
+    current = namespace.get(MARK_NAME, _MISSING)
     if current is not _MISSING and current is not mark_ran:
-        raise ShapeError("the module already has a global %s that is not flashfix's" % _source.MARK_NAME)
-    namespace[_source.MARK_NAME] = mark_ran
+        raise ShapeError("the module already has a global %s that is not flashfix's" % MARK_NAME)
+    namespace[MARK_NAME] = mark_ran
     _mark_users[id(namespace)] = _mark_users.get(id(namespace), 0) + 1
 
 
@@ -159,8 +171,8 @@ def _release_mark(namespace):
         _mark_users[id(namespace)] = left
         return
     _mark_users.pop(id(namespace), None)
-    if namespace.get(_source.MARK_NAME) is mark_ran:
-        del namespace[_source.MARK_NAME]
+    if namespace.get(MARK_NAME) is mark_ran:
+        del namespace[MARK_NAME]
 
 
 def _name(owner):
@@ -179,6 +191,61 @@ def rewrite(func, edit, patch_id, touches=None):
     return SwapCode(func, marked, plain, site)
 
 
+def function_at(module, qualname):
+    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
+    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none (``NotBound`` where the
+    name is not bound at all: defined under a condition that did not hold)."""
+    owner = module
+    *outer, name = qualname.split(".")
+    for part in outer:
+        owner = getattr(owner, part, None)
+        if not isinstance(owner, type):
+            raise ShapeError("%s has no class %s" % (module.__name__, part))
+    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if obj is None and name not in vars(owner):
+        raise NotBound("%s.%s is not bound in this process (defined under a condition that did not hold when %s ran)"
+                       % (getattr(owner, "__name__", owner), name, module.__name__))
+    for _ in range(10):
+        code = getattr(obj, "__code__", None)
+        if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
+            return obj
+        obj = getattr(obj, "__wrapped__", None)
+    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
+
+
+_CODE_FIELDS = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_flags", "co_argcount",
+                "co_posonlyargcount", "co_kwonlyargcount", "co_name")
+
+
+def code_difference(a, b, where=""):
+    """None if code objects ``a`` and ``b`` are the same program (bytecode, names, constants,
+    nested code objects, flags), else a short description of the first difference."""
+    where = where or a.co_name
+    for field in _CODE_FIELDS:
+        if getattr(a, field) != getattr(b, field):
+            return "%s differs in %s" % (where, field)
+    if len(a.co_consts) != len(b.co_consts):
+        return "%s differs in its constants" % where
+    return next(filter(None, (_const_difference(x, y, where) for x, y in zip(a.co_consts, b.co_consts))), None)
+
+
+def _const_difference(x, y, where):
+    if type(x) is not type(y):
+        return "%s differs in a constant" % where
+    if isinstance(x, type(_const_difference.__code__)):
+        return code_difference(x, y, "%s.%s" % (where, x.co_name))
+    if isinstance(x, (tuple, frozenset)):
+        xs, ys = (list(x), list(y)) if isinstance(x, tuple) else (sorted(x, key=repr), sorted(y, key=repr))
+        if len(xs) != len(ys):
+            return "%s differs in a constant" % where
+        return next(filter(None, (_const_difference(x, y, where) for x, y in zip(xs, ys))), None)
+    if isinstance(x, float) and x != x and y != y:  # NaN
+        return None
+    if x != y or repr(x) != repr(y):  # repr tells -0.0 from 0.0
+        return "%s differs in a constant" % where
+    return None
+
+
 # --- state ----------------------------------------------------------------------------------
 
 _patches = {}  # id -> Patch, in registration order
@@ -187,6 +254,7 @@ _sites = {}  # marker site -> SwapCode
 _declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
 _problems = {}  # engine package -> problem lines of its packs
 _hooked = set()  # ids of the patches hooked to their targets (once, whichever engine's import declared them)
+_hooked_to = {}  # target module -> the patches hooked to it, in order (see _hook_target)
 _claims = {}  # (module, qualname) -> the id of the patch judged to rewrite it in this process (see judge)
 _ahead = {}  # id -> (what the targets' source was, Shape, what prepare needs or None): see _read_ahead
 _config_cache = []
@@ -364,6 +432,7 @@ def targets_of(patch):
     return tuple(patch.targets() if callable(patch.targets) else patch.targets)
 
 
+@_lazy.entry
 def load_engine(top):
     """Called when the engine package ``top`` is imported: load its packs (flashfix's own
     first) and hook their patches to their target modules."""
@@ -377,7 +446,7 @@ def load_engine(top):
         fresh = [p for p in declared if p.id not in _hooked]
         _hooked.update(p.id for p in fresh)
     _each(fresh, lambda patch: _hook_patch(patch, cfg))
-    _source.forget()  # the patterns and trees read to declare and hook: the engine's own import reuses their memory
+    _lazy.forget()  # the patterns and trees read to declare and hook: the engine's own import reuses their memory
     if bad and cfg.strict:  # at every import of the engine, not only the first (and of each target)
         raise PatchError("flashfix strict mode: %s" % "; ".join(bad))
 
@@ -410,10 +479,37 @@ def _hook_patch(patch, cfg):
         return
     record["targets"] = targets
     record["reason"] = "waiting for %s" % ", ".join(targets)
-    if callable(getattr(patch.rule, "ahead", None)):
-        for target in targets:
-            flashfix.before_run(target, lambda module, target=target: _read_ahead(patch, target))
-    _each(targets, lambda target: flashfix.when_imported(target, lambda module: _activate(patch)))
+    _each(targets, lambda target: _hook_target(target, patch))
+
+
+def _hook_target(target, patch):
+    """Hook ``patch`` to ``target``: one callback per target module decides every patch hooked to it, so that the
+    heavy modules are imported once per import of a target, not once per patch (``flashfix.core.lazy``)."""
+    with _lock:
+        first = target not in _hooked_to
+        _hooked_to.setdefault(target, []).append(patch)
+    if first:
+        flashfix.before_run(target, lambda module: _before_target(target))
+        flashfix.when_imported(target, lambda module: _target_imported(target))
+    elif flashfix._complete(target):  # its callback ran before this patch was hooked (a pack loaded later)
+        _activate(patch)
+
+
+@_lazy.entry
+def _before_target(target):
+    for patch in _patches_on(target):
+        if callable(getattr(patch.rule, "ahead", None)):
+            _read_ahead(patch, target)
+
+
+@_lazy.entry
+def _target_imported(target):
+    _each(_patches_on(target), _activate)
+
+
+def _patches_on(target):
+    with _lock:
+        return list(_hooked_to.get(target, ()))
 
 
 def engine_version(dist):
@@ -493,6 +589,7 @@ def _loaded_key(targets):
     return tuple(key)
 
 
+@_lazy.entry
 def _activate(patch):
     """Decide (and apply) ``patch`` once all its targets are imported; again after a target ran
     again (reload, re-import after a failed import). Never under the lock."""
@@ -519,9 +616,10 @@ def _activate(patch):
     finally:
         with _lock:
             record["busy"] = False
-        _source.forget()
+        _lazy.forget()
 
 
+@_lazy.entry
 def _read_ahead(patch, running):
     """Just before the target ``running`` runs (its other targets imported): judge ``patch`` from the source and
     build the code its changes will swap in (``rule.ahead()``), so that the parse trees are freed before the
@@ -544,13 +642,21 @@ def _read_ahead(patch, running):
         _ahead.pop(patch.id, None)
         log.debug("%s: nothing read ahead of %s, decided once it is imported: %r", patch.id, running, exc)
     finally:
-        _source.forget()
+        _lazy.forget()
 
 
 def _read(targets):
-    """What the reader finds of each target now: its file and a hash of its source text."""
-    return tuple((name, found.origin, hash(found.text)) if found is not None else (name, None, None)
-                 for name in targets for found in [_locate.find(name)])
+    """What each target's loader reads now: its file and a hash of its source text (None where it gives none).
+    Asked of the module's own spec, not of the reader, so that deciding after the import needs no heavy module."""
+    read = []
+    for name in targets:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        try:
+            text = spec.loader.get_source(name)
+        except Exception:
+            text = None
+        read.append((name, getattr(spec, "origin", None), None if text is None else hash(text)))
+    return tuple(read)
 
 
 def swap(func, patch_id, qualname, unedited, marked, plain):
@@ -559,7 +665,7 @@ def swap(func, patch_id, qualname, unedited, marked, plain):
     code = func.__code__
     if (func.__qualname__ != qualname or code.co_filename != marked.co_filename
             or getattr(code, "co_qualname", None) != getattr(marked, "co_qualname", None)
-            or _source.code_difference(unedited, code) is not None):
+            or code_difference(unedited, code) is not None):
         return None
     return SwapCode(func, marked, plain, site_of(patch_id, qualname), ahead=True)
 
@@ -677,6 +783,7 @@ def note_ran(patch_id):
 # --- public API -----------------------------------------------------------------------------
 
 
+@_lazy.entry
 def status():
     """Per patch: id, engine, state, reason, engine_version, ran, upstream, fixed_in."""
     load_all()
@@ -702,10 +809,11 @@ def status():
                 state, reason = "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
         rows.append({"id": patch.id, "engine": patch.engine, "state": state, "reason": reason, "engine_version": version,
                      "ran": record["ran"], "upstream": patch.upstream, "fixed_in": patch.fixed_in})
-    _source.forget()
+    _lazy.forget()
     return rows
 
 
+@_lazy.entry
 def revert(*patch_ids):
     """Undo the applied patches named (all when none is named), newest first, restoring the
     original objects. An unknown id is a ValueError listing the valid ones."""

@@ -31,15 +31,8 @@ import weakref
 from collections import namedtuple
 
 from flashfix.core import locate as _locate
-
-
-class ShapeError(Exception):
-    """The code is not what a patch expects; the message says what differs."""
-
-
-class NotBound(ShapeError):
-    """What the source defines under a condition was not bound when the module ran (sglang defines its FlashInfer
-    helpers only where FlashInfer is available): none of it runs in this process, which is not affected."""
+from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference  # noqa: F401  (defined where they
+# outlive this module: flashfix.core.lazy)
 
 
 def module_file(modname, modules=None):
@@ -399,9 +392,6 @@ def keywords(call):
 
 # --- recompiling one function -------------------------------------------------------------
 
-MARK_NAME = "__flashfix_mark__"  # the module global through which marked code reports its first run
-
-
 def marker(site):
     """A statement that reports the rewritten code's first run: a call of a plain function that
     the patched module holds as a global (``torch.compile`` traces it; see _registry.mark_ran)."""
@@ -603,39 +593,6 @@ def _future_flags(tree):
             for alias in statement.names:
                 flags |= getattr(getattr(__future__, alias.name, None), "compiler_flag", 0)
     return flags & FUTURE_FLAGS
-
-
-_CODE_FIELDS = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_flags", "co_argcount",
-                "co_posonlyargcount", "co_kwonlyargcount", "co_name")
-
-
-def code_difference(a, b, where=""):
-    """None if code objects ``a`` and ``b`` are the same program (bytecode, names, constants,
-    nested code objects, flags), else a short description of the first difference."""
-    where = where or a.co_name
-    for field in _CODE_FIELDS:
-        if getattr(a, field) != getattr(b, field):
-            return "%s differs in %s" % (where, field)
-    if len(a.co_consts) != len(b.co_consts):
-        return "%s differs in its constants" % where
-    return next(filter(None, (_const_difference(x, y, where) for x, y in zip(a.co_consts, b.co_consts))), None)
-
-
-def _const_difference(x, y, where):
-    if type(x) is not type(y):
-        return "%s differs in a constant" % where
-    if isinstance(x, type(_const_difference.__code__)):
-        return code_difference(x, y, "%s.%s" % (where, x.co_name))
-    if isinstance(x, (tuple, frozenset)):
-        xs, ys = (list(x), list(y)) if isinstance(x, tuple) else (sorted(x, key=repr), sorted(y, key=repr))
-        if len(xs) != len(ys):
-            return "%s differs in a constant" % where
-        return next(filter(None, (_const_difference(x, y, where) for x, y in zip(xs, ys))), None)
-    if isinstance(x, float) and x != x and y != y:  # NaN
-        return None
-    if x != y or repr(x) != repr(y):  # repr tells -0.0 from 0.0
-        return "%s differs in a constant" % where
-    return None
 
 
 def rewrite(func, edit, touches=None):
