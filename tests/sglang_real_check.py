@@ -16,6 +16,7 @@ from importlib.metadata import version
 from types import SimpleNamespace
 
 import flashfix
+from flashfix.core import matcher as _matcher
 from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 
@@ -453,7 +454,7 @@ def global_helper_variant():
         server_args=SimpleNamespace(disable_flashinfer_autotune=False, moe_runner_backend="auto",
                                     moe_a2a_backend="none", flashinfer_autotune_skip_ops=None))
     out = {"had_global": "is_sm120_supported" in variant.__dict__}
-    declaration = copy.copy(sglang_patch.SM120_FP8_AUTOTUNE.rule)  # the same declaration, anchored to the variant
+    declaration = copy.copy(_matcher.declaration_of(sglang_patch.SM120_FP8_AUTOTUNE.rule))  # anchored to the variant
     declaration.layouts = [((spec.name, "should_run_flashinfer_autotune"),)]
     changes = declaration.prepare({spec.name: variant})
     out["changes"] = [type(c).__name__ for c in changes]
@@ -503,7 +504,7 @@ def derived(patch, reverts, exercise, where="flashinfer_backend"):
     sys.modules[name] = copy_module
     spec.loader.exec_module(copy_module)
     out = {"verdict": list(_registry.judge(patch, {released.__name__: _source.parse_file(path)}, VERSION))}
-    declaration = copy.copy(patch.rule)  # the same declaration, anchored to the copy
+    declaration = copy.copy(_matcher.declaration_of(patch.rule))  # the same declaration, anchored to the copy
     declaration.hunks = [copy.copy(rule) for rule in declaration.hunks]
     for rule in declaration.hunks:
         rule.module = name

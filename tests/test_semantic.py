@@ -335,8 +335,10 @@ def test_a_scope_read_in_pieces_is_walked_only_where_it_spells_the_patterns_name
     and a module whose names are not in NFKC form (read whole: its functions carry no text) is walked:
     ``self.w.\\uff46orward`` is ``self.w.forward`` to Python. Before the NFKC rule: no match found."""
     walked = []
-    real = semantic.walk
-    monkeypatch.setattr(semantic, "walk", lambda node: walked.append(node) or real(node))
+    from flashfix.core import matcher
+
+    real = matcher.walk
+    monkeypatch.setattr(matcher, "walk", lambda node: walked.append(node) or real(node))
     p = pattern("$O.forward($X, **$$$KW)")
     text = "class A:\n    def f(self):\n        return self.w.forward(q, s=1)\n    def g(self):\n        return self.w(q)\n"
     f, g = (_source.find_def(_source.Module(text, "<t>"), q) for q in ("A.f", "A.g"))
