@@ -27,7 +27,8 @@ import os
 import sys
 from collections import namedtuple
 
-from flashfix.core.packs import _normal  # noqa: F401  (a distribution name as PEP 503 normalises it)
+from flashfix.core.registry import loader_source as _loader_source, read_source as _read  # noqa: F401  (defined
+# where a process uses them after letting go of this module: flashfix.core.lazy)
 
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
@@ -63,28 +64,6 @@ def _sha256_of(found):
             pass
     if found.text is not None:
         return hashlib.sha256(found.text.encode("utf-8")).hexdigest()
-    return None
-
-
-def _read(path):
-    import tokenize
-
-    with tokenize.open(path) as handle:  # honours a PEP 263 coding line, as get_source does
-        return handle.read()
-
-
-def _loader_source(loader, name, origin):
-    """Source text through ``loader``; None when the loader has none (sourceless)."""
-    get_source = getattr(loader, "get_source", None)
-    if get_source is not None:
-        try:
-            text = get_source(name)
-        except (ImportError, OSError, UnicodeDecodeError):
-            text = None
-        if text is not None:
-            return text
-    if origin and origin.endswith(".py") and os.path.isfile(origin):
-        return _read(origin)
     return None
 
 

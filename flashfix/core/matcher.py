@@ -33,7 +33,7 @@ from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Shape, function_at  # noqa: F401
 from flashfix.core.source import NotBound, ShapeError, walk  # noqa: F401
-from flashfix.semantic import Block  # defined where a pack's pattern outlives this module
+from flashfix.semantic import Block, lacks, needed_globals  # defined where they outlive this module
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 _DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
@@ -535,16 +535,11 @@ class Declaration:
         lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
                    and not (n in self.needs and _provides(self.needs[n], n))]
         if lacking:
-            return Shape(UNKNOWN, self._lacks(lacking[0], modname)), None, None
+            return Shape(UNKNOWN, lacks(lacking[0], modname, self.needs)), None, None
         if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
             first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join((
                 self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
         return first._replace(functions=tuple((m, q) for _, m, q, _ in out)), out, given
-
-    def _lacks(self, name, modname):
-        from flashfix import semantic
-
-        return semantic.lacks(name, modname, self.needs)
 
     def _absent(self, trees, defs):
         rule, names = self.hunks[0], " or ".join(sorted({(q or m).rsplit(".", 1)[-1] for m, q in self.sites}))
@@ -611,18 +606,12 @@ class Declaration:
                                "hold when %s ran)" % (getattr(owner, "__name__", owner), unbound[0],
                                                       touched[0].lineno, target.__name__))
             code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched)[1]
-            needed = {a.name: a.value for a in self._adds(target, names)}  # ``needs``: read by the new statements
+            needed = {a.name: a.value for a in needed_globals(target, names, self.needs)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
             exec(code, vars(target), space)
             swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items()
                       if vars(owner).get(k, space) is not v and needed.get(k, space) is not v]
-        return self._adds(module, names) + swaps
-
-    def _adds(self, module, names):
-        """The globals the new code reads that ``module`` lacks, from ``needs`` (else the probe's reason)."""
-        from flashfix import semantic
-
-        return semantic.needed_globals(module, names, self.needs)
+        return needed_globals(module, names, self.needs) + swaps
 
     def plan(self, planner):
         located, given = self._plan(_source.module_ast)

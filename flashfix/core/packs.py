@@ -32,6 +32,7 @@ from collections import namedtuple
 
 import flashfix
 
+
 def _normal(dist):
     """A distribution name as PEP 503 normalises it."""
     import re

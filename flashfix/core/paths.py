@@ -6,7 +6,8 @@ import itertools
 import os
 
 from flashfix.core.locate import (MAX_READ, _UNFOLLOWED, Found, ImportSystem, SourceError, _loader_source,
-                                  _metadata_version, _normal, _sha256_file, provenance_of)
+                                  _metadata_version, _sha256_file, provenance_of)
+from flashfix.core.packs import _normal  # a distribution name as PEP 503 normalises it
 from flashfix.tools.remote_probe import _package, _path_spec  # the path finder walk ``doctor --python`` runs too
 
 

@@ -645,17 +645,38 @@ def _read_ahead(patch, running):
         _lazy.forget()
 
 
+def read_source(path):
+    import tokenize
+
+    with tokenize.open(path) as handle:  # honours a PEP 263 coding line, as get_source does
+        return handle.read()
+
+
+def loader_source(loader, name, origin):
+    """Source text through ``loader``; None when the loader has none (sourceless)."""
+    get_source = getattr(loader, "get_source", None)
+    if get_source is not None:
+        try:
+            text = get_source(name)
+        except (ImportError, OSError, UnicodeDecodeError):
+            text = None
+        if text is not None:
+            return text
+    if origin and origin.endswith(".py") and os.path.isfile(origin):
+        return read_source(origin)
+    return None
+
+
 def _read(targets):
-    """What each target's loader reads now: its file and a hash of its source text (None where it gives none).
-    Asked of the module's own spec, not of the reader, so that deciding after the import needs no heavy module."""
+    """What each target's own loader reads now (``loader_source``, as the swap's check reads it): its file
+    and a hash of its source text. Asked of the module's spec, not of the reader, which deciding after the import
+    would otherwise import again with all it needs."""
     read = []
     for name in targets:
         spec = getattr(sys.modules.get(name), "__spec__", None)
-        try:
-            text = spec.loader.get_source(name)
-        except Exception:
-            text = None
-        read.append((name, getattr(spec, "origin", None), None if text is None else hash(text)))
+        origin = getattr(spec, "origin", None)
+        text = loader_source(getattr(spec, "loader", None), name, origin)
+        read.append((name, origin, None if text is None else hash(text)))
     return tuple(read)
 
 
