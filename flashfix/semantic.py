@@ -26,7 +26,7 @@ arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; ho
 """
 # This module is what a pack imports, and what an engine process keeps: the declarations as written.
 # Everything derived from them (compiled patterns, the probe, the changes) is ``flashfix.core.matcher``'s,
-# built when first used and let go of with it once the engine's patches are decided (``flashfix.core.lazy``).
+# built when first used, which a process that decides nothing never imports (``flashfix.core.lazy``).
 
 import ast
 import importlib

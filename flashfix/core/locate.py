@@ -28,7 +28,7 @@ import sys
 from collections import namedtuple
 
 from flashfix.core.registry import loader_source as _loader_source, read_source as _read  # noqa: F401  (defined
-# where a process uses them after letting go of this module: flashfix.core.lazy)
+# in the registry, which every process imports: flashfix.core.lazy)
 
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))

@@ -1,5 +1,5 @@
 """The matcher behind ``flashfix.semantic``: patterns, matching, and what a declaration derives from its
-hunks (the probe, the runtime changes, the diff plan). An engine process imports it only while it decides
+hunks (the probe, the runtime changes, the diff plan). A process imports it only when it decides something
 (``flashfix.core.lazy``); ``flashfix.semantic`` builds a declaration's ``Declaration`` and ``Rule`` here
 (``declaration_of``, ``rule_of``) when it is first used."""
 # Derived from the one declaration:
@@ -715,7 +715,7 @@ def derive_prefix(patch, text):
     return text
 
 
-_built = {}  # flashfix.semantic's Rule or Declaration -> this module's, built on first use (let go of with the module)
+_built = {}  # flashfix.semantic's Rule or Declaration -> this module's, built on first use
 
 
 def rule_of(spec):

@@ -42,8 +42,8 @@ from flashfix.core import config as _config
 from flashfix.core import lazy as _lazy
 from flashfix.core import packs as _packs
 
-_locate, _source = _lazy.Module("flashfix.core.locate"), _lazy.Module("flashfix.core.source")  # see lazy: an engine
-# process imports them only while it decides
+_locate, _source = _lazy.Module("flashfix.core.locate"), _lazy.Module("flashfix.core.source")  # see lazy: imported on first
+# use, when something is decided
 log = logging.getLogger("flashfix")
 _lock = threading.RLock()
 
@@ -432,7 +432,6 @@ def targets_of(patch):
     return tuple(patch.targets() if callable(patch.targets) else patch.targets)
 
 
-@_lazy.entry
 def load_engine(top):
     """Called when the engine package ``top`` is imported: load its packs (flashfix's own
     first) and hook their patches to their target modules."""
@@ -495,14 +494,12 @@ def _hook_target(target, patch):
         _activate(patch)
 
 
-@_lazy.entry
 def _before_target(target):
     for patch in _patches_on(target):
         if callable(getattr(patch.rule, "ahead", None)):
             _read_ahead(patch, target)
 
 
-@_lazy.entry
 def _target_imported(target):
     _each(_patches_on(target), _activate)
 
@@ -589,7 +586,6 @@ def _loaded_key(targets):
     return tuple(key)
 
 
-@_lazy.entry
 def _activate(patch):
     """Decide (and apply) ``patch`` once all its targets are imported; again after a target ran
     again (reload, re-import after a failed import). Never under the lock."""
@@ -619,7 +615,6 @@ def _activate(patch):
         _lazy.forget()
 
 
-@_lazy.entry
 def _read_ahead(patch, running):
     """Just before the target ``running`` runs (its other targets imported): judge ``patch`` from the source and
     build the code its changes will swap in (``rule.ahead()``), so that the parse trees are freed before the
@@ -804,7 +799,6 @@ def note_ran(patch_id):
 # --- public API -----------------------------------------------------------------------------
 
 
-@_lazy.entry
 def status():
     """Per patch: id, engine, state, reason, engine_version, ran, upstream, fixed_in."""
     load_all()
@@ -834,7 +828,6 @@ def status():
     return rows
 
 
-@_lazy.entry
 def revert(*patch_ids):
     """Undo the applied patches named (all when none is named), newest first, restoring the
     original objects. An unknown id is a ValueError listing the valid ones."""

@@ -31,8 +31,8 @@ import weakref
 from collections import namedtuple
 
 from flashfix.core import locate as _locate
-from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference  # noqa: F401  (defined where they
-# outlive this module: flashfix.core.lazy)
+from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference  # noqa: F401  (defined in the
+# registry, which every process imports; this module only when something is decided: flashfix.core.lazy)
 
 
 def module_file(modname, modules=None):
