@@ -56,7 +56,8 @@ def main(argv=None):
                       help="show the rewritten code as it is until its first run, with the one-time marker line")
     _add_sources(diff)
     verify = sub.add_parser("verify", help="on this GPU: check that the fixes are in force and numerically right "
-                                           "(exit 0 pass, 1 fail, 3 no GPU, 4 no engine)")
+                                           "(exit 0 pass, 1 fail, 2 bad --path or --only, 3 no GPU, "
+                                           "4 no engine)")
     verify.add_argument("--json", action="store_true", help="print a JSON report on stdout (progress goes to stderr)")
     verify.add_argument("--path", dest="paths", action="append", default=[], metavar="PATH",
                         help="also check the engine in PATH (a wheel or source tree, not installed here): its patched "
@@ -64,13 +65,13 @@ def main(argv=None):
     verify.add_argument("--only", type=lambda s: s.split(","), default=(), metavar="ID[,ID]",
                         help="run the numeric checks of these patch ids only")
     args = parser.parse_args(argv)
-    if args.command == "verify":
-        from flashfix.tools.verify import run
-
-        return run(as_json=args.json, paths=args.paths, only=args.only)
     from flashfix.core import locate as _locate
 
     try:
+        if args.command == "verify":
+            from flashfix.tools.verify import run
+
+            return run(as_json=args.json, paths=args.paths, only=args.only)
         with contextlib.ExitStack() as stack:
             reader = open_sources(args.sources, stack)
             if reader is not None:

@@ -6,7 +6,12 @@ installed engine, or to a wheel or tree given with ``--path``), a check of ``CHE
 side by side (FlashInfer JIT-compiles about a minute per kernel variant): ``flashfix.tools.gpu_checks``.
 
 Exit status: 0 everything that applies passed (a check that cannot run on this GPU is listed as not run, with
-why); 1 a check failed or a patch that should apply is not in force; 3 no usable GPU; 4 no engine to check.
+why); 1 a check failed or a patch that should apply is not in force; 2 a ``--path`` that cannot be read or holds
+no engine, or an unknown ``--only`` id (one line on stderr, as the doctor says it); 3 no usable GPU; 4 no engine
+to check.
+
+Every child is this interpreter started without the current directory (or a script's) on ``sys.path``, so a
+``json.py`` in the folder verify is run from is never imported in place of the standard library's (``_isolated``).
 """
 
 import contextlib
@@ -17,10 +22,11 @@ import sys
 import tempfile
 import time
 
+import flashfix
 from flashfix.core import locate as _locate, paths as _paths
 from flashfix.tools import doctor as _doctor
 
-EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_NO_ENGINE = 0, 1, 2, 3, 4
 
 TRTLLM = ("needs TRT-LLM's ragged DeepSeek prefill kernels, which run on SM100 only: no GPU check exists for it (the "
           "project's GPU is an SM90 H200, where vLLM never selects this backend); its CPU tests drive the engine's code")
@@ -83,8 +89,30 @@ print("FLASHFIX_RESULT=" + json.dumps(flashfix.status()))
 """
 
 
+def _same_dir(a, b):
+    return bool(a) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _isolated(code, env=None, version=sys.version_info):
+    """``(argv, env)`` that run ``code`` in this interpreter with this process's ``sys.path`` less its first
+    entry (the current directory under ``-c``/``-m``, a script's folder), which ``-c`` would put first: on
+    Python 3.11+ through ``-P`` (``PYTHONPATH`` and site as here), before through ``-I`` and the path list set
+    explicitly (``-I`` ignores ``PYTHONPATH``). The folder flashfix is imported from is kept where only that
+    first entry gave it (``python -m flashfix`` run in a checkout)."""
+    env = dict(os.environ if env is None else env)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flashfix.__file__)))
+    rest = sys.path[0 if getattr(sys.flags, "safe_path", False) else 1:]
+    extra = [] if any(_same_dir(p, root) for p in rest) else [root]
+    if tuple(version) >= (3, 11):
+        if extra:
+            env["PYTHONPATH"] = os.pathsep.join(extra + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        return [sys.executable, "-P", "-c", code], env
+    return [sys.executable, "-I", "-c", "import sys; sys.path[:] = %r\n%s" % (extra + rest, code)], env
+
+
 def _child(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    argv, env = _isolated(code)
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
 def _last_json(text, prefix=""):
@@ -116,8 +144,8 @@ def _run_checks(wanted, as_json, start):
         code = ("import json; from flashfix.tools import gpu_checks as g; path, patch = %r, %r\n"
                 "print('FLASHFIX_RESULT=' + json.dumps(%s, default=repr))" % (path, patch_id, expr))
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        procs[name] = (patch_id, subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
-                                                  env=dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name))), out, err)
+        argv, env = _isolated(code, dict(os.environ, FLASHINFER_WORKSPACE_BASE=_jit_dir(name)))
+        procs[name] = (patch_id, subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env), out, err)
     if procs:
         _say("[%5.0fs] running %d GPU checks: %s (FlashInfer JIT-compiles about a minute per kernel variant on "
              "first use)" % (time.time() - start, len(procs), ", ".join(procs)), as_json)
@@ -182,10 +210,18 @@ def run(as_json=False, paths=(), only=()):
     """``paths``: engines' wheels or trees to check, loaded with stand-ins for their other modules;
     ``only``: run the numeric checks of these patch ids alone."""
     start = time.time()
+    trees = []
+    for path in paths:  # unreadable, or no engine there: one line, as ``doctor --path`` says it
+        trees.append(_paths.open_path(path))
+        _doctor.check_holds_an_engine(trees[-1], path)
     rows, _ = _doctor.diagnose()
+    unknown = [i for i in dict.fromkeys(only) if i and i not in {r["id"] for r in rows}]
+    if unknown:
+        sys.stderr.write("flashfix verify: --only: unknown patch id%s: %s (`flashfix doctor` lists the ids)\n" % (
+            "s" if len(unknown) > 1 else "", ", ".join(unknown)))
+        return EXIT_USAGE
     wanted = {(r["id"], None) for r in rows if r["verdict"] == "patch"}
-    for path in paths:  # judged as the check loads it: the tree, then this interpreter (its FlashInfer)
-        tree = _paths.open_path(path)
+    for path, tree in zip(paths, trees):  # judged as the check loads it: the tree, then this interpreter's FlashInfer
         found = [r for r in _doctor.diagnose(_paths.Composite([tree, _locate.reader()]))[0] if tree.version(r["engine"])]
         wanted |= {(r["id"], path) for r in found if r["verdict"] == "patch"}
         for r in found:
