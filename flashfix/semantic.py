@@ -152,7 +152,8 @@ def needed_globals(module, names, needs):
 
 
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
-             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, **rule):
+             before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, memory=None,
+             **rule):
     """A declarative backport (patterns: the module docstring), as a ``flashfix.core.registry.Patch``.
 
     Required ``str``s: ``id`` (unique: prefix it with your own), ``engine`` (``vllm``, ``sglang``,
@@ -170,9 +171,9 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     ``(module, function)`` per hunk). ``needs``: dict ``{name: module}``, globals the new code reads that the
     target may lack. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape``
     that decides; ``check``: callable ``(module)``, at apply time. Either refuses by raising ``ShapeError``
-    (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``: dict
+    (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
     ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed (a wheel read: its own exact
-    pins). Reference: docs/writing-a-backport.md."""
+    pins). ``memory``: str, the GPU memory it adds. Reference: docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
@@ -186,7 +187,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     decl = Declaration(id, hunks, sites, needs, context, check)
     return Patch(id=id, engine=engine, targets=decl.targets if sites else (hunks[0].module,), versions=versions,
                  upstream=upstream, fixed_in=fixed_in, delete_when=delete_when, summary=summary, probe=decl.probe,
-                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl, requires=requires)
+                 prepare=decl.prepare, plan=decl.plan, doc=doc, rule=decl, requires=requires, memory=memory)
 
 
 def Known(*, id, engine, versions, upstream, summary, why_not, shape=None):  # noqa: N802

@@ -125,6 +125,9 @@ _DRAFT_ROW = dict(  # the multi-step draft backends' init_cuda_graph_state, Flas
     fixed_if=("draft_kv_indices_buffer_width($$$_)", "(self.speculative_num_steps, $BS * self.topk * self.max_context_len)"),
     fixed="the draft CUDA-graph kv_indices row has the topk factor (`{form}`)",
     buggy="{name} (line {line}) sizes each step's kv_indices row {BS} * max_context_len, without topk")
+_DRAFT_MEMORY = ("cuda_graph_kv_indices grows topk-fold: 4 B x speculative_num_steps x max_bs x topk x "
+                 "max_context_len (the release: without topk); e.g. 3 steps, max_bs 64, topk 4, context 131072: "
+                 "384 MiB instead of 96 MiB; topk 1 unchanged")
 _DRAFT_DOC = """Why: the draft-decode kernel (generate_draft_decode_kv_indices) packs topk branches per
     sequence into each step's row of ``cuda_graph_kv_indices``, up to seq_lens_sum * topk entries;
     the eager path sizes its rows batch * topk * max_context_len, the CUDA-graph buffer only
@@ -139,7 +142,7 @@ _DRAFT_DOC = """Why: the draft-decode kernel (generate_draft_decode_kv_indices) 
 EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
     id=DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27338",
     module="sglang.srt.layers.attention.flashinfer_backend", **dict(
-        _DRAFT_ROW, function="FlashInferMultiStepDraftBackend.init_cuda_graph_state"),
+        _DRAFT_ROW, function="FlashInferMultiStepDraftBackend.init_cuda_graph_state"), memory=_DRAFT_MEMORY,
     summary="EAGLE multi-step draft with the FlashInfer CUDA graph: each step's kv_indices row holds "
             "topk branches per sequence, so the draft kernel no longer writes past it",
     doc=_DRAFT_DOC)
@@ -147,7 +150,7 @@ EAGLE_DRAFT_GRAPH_KV_INDICES = Backport(
 EAGLE_MLA_DRAFT_GRAPH_KV_INDICES = Backport(
     id=MLA_DRAFT_GRAPH_ID, engine="sglang", upstream="https://github.com/sgl-project/sglang/pull/27460",
     module="sglang.srt.layers.attention.flashinfer_mla_backend", **dict(
-        _DRAFT_ROW, function="FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state"),
+        _DRAFT_ROW, function="FlashInferMLAMultiStepDraftBackend.init_cuda_graph_state"), memory=_DRAFT_MEMORY,
     summary="EAGLE multi-step draft with the FlashInfer-MLA CUDA graph (DeepSeek MTP): each step's kv_indices "
             "row holds topk branches per sequence",
     doc="The same bug and fix as " + DRAFT_GRAPH_ID + ", in the MLA backend's draft backend.\n    " + _DRAFT_DOC)

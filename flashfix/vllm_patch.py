@@ -429,6 +429,9 @@ else:
     $B = max($B, $SELF.vllm_config.scheduler_config.max_num_batched_tokens * $SELF.num_qo_heads * $SELF.head_dim * 16)""",
     summary="the FlashInfer workspace is at least max_num_batched_tokens x query heads x head_dim x 16 bytes, so "
             "wide-head models do not overflow it at prefill",
+    memory="the FlashInfer workspace becomes max(the release's default, ~394 MiB; max_num_batched_tokens x "
+           "query heads per rank x head_dim x 16 B): e.g. 32,768 batched tokens, 64 heads, head_dim 128: 4 GiB; "
+           "8,192 tokens, 64 heads, head_dim 64: 512 MiB",
     doc="""Why: FlashInfer's prefill temporaries grow with the prefill chunk's tokens x query heads x
     head_dim, but the builder allocates the fixed default workspace (VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
     ~394 MiB): a wide-head model at the default 8192-token chunk outgrows it, and FlashInfer raises
@@ -543,6 +546,9 @@ MLA_PREFILL_BACKEND_PER_BUILDER = Backport(
     buggy="{name} (line {line}) shares the layer's MLA prefill backend, and its prepared metadata, between builders",
     summary="MLA: each metadata builder (one per micro-batch with DBO) gets its own prefill backend, so one "
             "micro-batch's prefill no longer runs on another's prepared metadata and FlashInfer plans",
+    memory="one MLA prefill backend per metadata builder instead of one per layer group: with DBO, one more per "
+           "micro-batch, each with its own planned FlashInfer wrappers and prepared metadata (and, where the "
+           "release's backend allocates one at construction, its own prefill workspace)",
     doc="""Why: the MLA prefill backends (FlashInfer, TRT-LLM ragged, FlashAttention) keep the prepared
     prefill metadata, and the FlashInfer prefill backend its planned wrappers, on the backend object;
     MLACommonMetadataBuilder takes the layer's one instance. With dual-batch overlap (DBO) a builder

@@ -1,7 +1,8 @@
 """The three environment controls, parsed once and validated against the registered patch ids.
 
-FLASHFIX_DISABLE   a comma-separated list of patch ids, or ``all`` among them (empty items
-                   are ignored)
+FLASHFIX_DISABLE   a comma-separated list of patch ids, ``all`` (every patch) or ``memory``
+                   (every patch that raises GPU memory over the release's sizing) among them
+                   (empty items are ignored)
 FLASHFIX_STRICT    ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (default off)
 FLASHFIX_LOG_LEVEL what ``logging`` accepts: a level name in any case (``warn`` and
                    ``fatal`` included) or a number (default ``INFO``)
@@ -37,22 +38,28 @@ class ConfigError(ValueError):
     """A FLASHFIX_* environment variable holds a value flashfix does not accept."""
 
 
-class Config(namedtuple("Config", "disable_all disabled strict log_level problems",
-                         defaults=(False, frozenset(), False, logging.INFO, ()))):
+class Config(namedtuple("Config", "disable_all disabled strict log_level problems disable_memory",
+                         defaults=(False, frozenset(), False, logging.INFO, (), False))):
     """The controls, read once: ``problems`` holds one human sentence per malformed value. (A
     named tuple, not a dataclass: ``dataclasses`` imports ``inspect``.)"""
 
     __slots__ = ()
 
-    def is_disabled(self, patch_id):
-        return self.disable_all or patch_id in self.disabled
+    def is_disabled(self, patch_id, memory=None):
+        """``memory``: the patch's ``memory`` statement (disabled by ``memory`` where it has one)."""
+        return self.disable_all or patch_id in self.disabled or bool(memory and self.disable_memory)
+
+    def disabled_reason(self, patch_id, memory=None):
+        if not self.disable_all and patch_id not in self.disabled and memory:
+            return "disabled by FLASHFIX_DISABLE=memory (the release's sizing kept; the fix adds %s)" % memory
+        return "disabled by FLASHFIX_DISABLE"
 
 
 def names_patches(environ=None):
     """Does FLASHFIX_DISABLE name patch ids (anything but ``all``)? Only then does ``parse``
     need every registered id."""
     disable = (os.environ if environ is None else environ).get("FLASHFIX_DISABLE", "")
-    return any(item.strip().lower() not in ("", "all") for item in disable.split(","))
+    return any(item.strip().lower() not in ("", "all", "memory") for item in disable.split(","))
 
 
 def parse(valid_ids, environ=None):
@@ -74,9 +81,11 @@ def parse(valid_ids, environ=None):
     disable_raw = env.get("FLASHFIX_DISABLE", "").strip()
     items = [item.strip() for item in disable_raw.split(",") if item.strip()]
     disable_all = any(item.lower() == "all" for item in items)
-    ids = [item for item in items if item.lower() != "all"]
+    disable_memory = any(item.lower() == "memory" for item in items)
+    ids = [item for item in items if item.lower() not in ("all", "memory")]
     unknown = [item for item in ids if item not in valid_ids]
     if unknown:
-        problems.append("FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, %s (unknown ids ignored)"
+        problems.append("FLASHFIX_DISABLE=%r names unknown patch id(s) %s; valid: all, memory, %s (unknown ids ignored)"
                         % (disable_raw, ", ".join(repr(u) for u in unknown), ", ".join(sorted(valid_ids))))
-    return Config(disable_all, frozenset(item for item in ids if item in valid_ids), strict, level, tuple(problems))
+    return Config(disable_all, frozenset(item for item in ids if item in valid_ids), strict, level, tuple(problems),
+                  disable_memory)

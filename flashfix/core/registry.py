@@ -88,7 +88,9 @@ Patch = namedtuple("Patch", [
     "doc",  # why / how / when to delete (a declarative backport's; optional)
     "rule",  # the declaration (``semantic.Declaration``: its hunks, sites, hooks), or None for a hand-written patch
     "requires",  # {distribution: PEP 440 specifiers} the fixed code needs, read where the engine is; unmet: known-unfixed
-], defaults=(None, None, None, None))
+    "memory",  # str: the GPU memory the fix adds over the release's sizing (formula, example); None: none.
+    # FLASHFIX_DISABLE=memory keeps the release's sizing (every such patch disabled)
+], defaults=(None, None, None, None, None))
 
 
 # --- changes: each knows how to make itself and undo itself, by identity ------------------
@@ -466,8 +468,8 @@ def _each(items, call):
 def _hook_patch(patch, cfg):
     record = _records[patch.id]
     record["engine_version"] = engine_version(patch.engine)
-    if cfg.is_disabled(patch.id):
-        _set(patch, "disabled", "disabled by FLASHFIX_DISABLE")
+    if cfg.is_disabled(patch.id, patch.memory):
+        _set(patch, "disabled", cfg.disabled_reason(patch.id, patch.memory))
         return
     try:
         targets = targets_of(patch)
@@ -818,8 +820,8 @@ def status():
                 pass
             elif version is None and len(missing) == len(targets):
                 state, reason = "not-installed", "%s is not installed" % patch.engine
-            elif config().is_disabled(patch.id):
-                state, reason = "disabled", "disabled by FLASHFIX_DISABLE"
+            elif config().is_disabled(patch.id, patch.memory):
+                state, reason = "disabled", config().disabled_reason(patch.id, patch.memory)
             elif missing:  # as the doctor judges it: the code the bug lives in does not exist here
                 state, reason = "not-affected", "module %s does not exist in %s %s" % (", ".join(missing), patch.engine, version)
         rows.append({"id": patch.id, "engine": patch.engine, "state": state, "reason": reason, "engine_version": version,

@@ -7,12 +7,16 @@ editable, zipped and sourceless installs alike). The environment read is this in
 environment, or ``--python``'s interpreter (``flashfix.tools.remote``). The patches judged are this
 flashfix's and the packs' installed there (``flashfix.core.packs``); a pack that cannot be loaded
 is one line on stderr (exit 1 under ``--strict``). Each row lists the files its verdict was read
-from, with their sha256 (``sources``), as provenance for an image pipeline.
+from, with their sha256 (``sources``), as provenance for an image pipeline. The text output fits 120
+columns (a reason too long to sit beside its row goes below it; a read file's path is as long as it is)
+and ends with one line: the rows per verdict, and where every row is not-installed, that there is no
+engine to patch (still exit 0).
 """
 
 import importlib
 import json
 import sys
+import textwrap
 
 import flashfix
 from flashfix.core import locate as _locate
@@ -42,8 +46,8 @@ def _diagnose_one(patch, cfg, claims):
         targets, failure = None, "cannot tell which modules to patch: %r" % (exc,)
     if version is None and (not targets or all(_source.module_file(t) is None for t in targets)):
         verdict, reason = "not-installed", "%s is not installed" % patch.engine
-    elif cfg.is_disabled(patch.id):
-        verdict, reason = "disabled", "disabled by FLASHFIX_DISABLE"
+    elif cfg.is_disabled(patch.id, patch.memory):
+        verdict, reason = "disabled", cfg.disabled_reason(patch.id, patch.memory)
     elif targets is None:
         verdict, reason = "unknown-shape", failure
     else:
@@ -51,7 +55,7 @@ def _diagnose_one(patch, cfg, claims):
     in_range = verdict not in ("not-installed", "disabled") and _registry.in_range(patch, version)
     return {"id": patch.id, "engine": patch.engine, "engine_version": version, "verdict": verdict, "reason": reason,
             "affected_versions": patch.versions, "upstream": patch.upstream, "fixed_in": patch.fixed_in,
-            "in_range": in_range}
+            "in_range": in_range, "memory": patch.memory}
 
 
 def known(reader=None):
@@ -90,6 +94,36 @@ def pack_problems(reader=None):
         return _registry.reader_problems()
 
 
+WIDTH = 120  # the text output's rows fit this many columns, but for a read file's path or a word longer than that
+
+
+def _row_text(columns, reason):
+    """A row of the text output: the reason beside the other columns where it fits in ``WIDTH`` (a reason's
+    later lines, a pattern of several lines, under its first), else on the lines below, indented, wrapped."""
+    lines = reason.split("\n")
+    beside = "\n".join([columns + "  " + lines[0]] + [" " * (len(columns) + 2) + line for line in lines[1:]])
+    if all(len(line) <= WIDTH for line in beside.split("\n")):
+        return beside + "\n"
+    below = [columns.rstrip()]
+    for line in lines:
+        below += textwrap.wrap(line, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 8,
+                               break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(below) + "\n"
+
+
+def summary(rows):
+    """The text output's last line: the rows per verdict, and, where every row is ``not-installed``, that
+    there is no engine to patch (exit 0 all the same: an environment without engines is not an error)."""
+    counts = {}
+    for r in rows:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    text = "summary: " + ", ".join("%d %s" % (n, verdict) for verdict, n in sorted(
+        counts.items(), key=lambda item: (-item[1], item[0])))
+    if rows and all(r["verdict"] == "not-installed" for r in rows):
+        text += "; no engine installed (%s): nothing to patch" % ", ".join(sorted({r["engine"] for r in rows}))
+    return text
+
+
 def run(as_json=False, strict=False, out=None, reader=None):
     out = out or sys.stdout
     with _source.kept():  # every patch reads the same few modules: parse each run once
@@ -110,11 +144,15 @@ def run(as_json=False, strict=False, out=None, reader=None):
         table = [(r["id"], r["engine"], r["engine_version"] or "-", r["verdict"], r["reason"]) for r in rows]
         widths = [max(len(str(row[i])) for row in table + [headers]) for i in range(4)]
         out.write("  ".join("%-*s" % (w, h) for w, h in zip(widths, headers[:4])) + "  " + headers[4] + "\n")
-        for row, r in zip(table, rows):  # a reason's later lines (a pattern of several lines) under its first
-            out.write("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])) + "  " + row[4].replace(
-                "\n", "\n" + " " * (sum(widths) + 8)) + "\n")
+        for row, r in zip(table, rows):
+            out.write(_row_text("  ".join("%-*s" % (w, c) for w, c in zip(widths, row[:4])), row[4]))
+            if r.get("memory") and r["verdict"] == "patch":  # what the fix costs, and how to keep the release's sizing
+                out.write("\n".join(textwrap.wrap("GPU memory: %s; FLASHFIX_DISABLE=memory keeps the release's sizing"
+                                                   % r["memory"], WIDTH, initial_indent=" " * 4,
+                                                   subsequent_indent=" " * 6, break_long_words=False)) + "\n")
             for source in r["sources"]:
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
+        out.write(summary(rows) + "\n")
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
     if strict and (bad or packs or (cfg.problems and cfg.strict)):
         sys.stderr.writelines("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
