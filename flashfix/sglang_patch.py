@@ -169,7 +169,7 @@ _PLAN_HEADS = dict(
 
 PER_LAYER_HEADS_PLAN = Backport(
     id=PLAN_HEADS_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.17",
-    upstream="https://github.com/sgl-project/sglang/compare/v0.5.16...v0.5.17 (PR number not identified)",
+    upstream="https://github.com/sgl-project/sglang/pull/32625",
     hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterDecode.__init__", **_PLAN_HEADS),
            Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.__init__", **_PLAN_HEADS)),
     summary="FlashInfer decode/prefill plans are made for the largest per-layer query-head count, so layers "

@@ -305,7 +305,7 @@ FP8_KV_SHARING = Backport(
 
 SINKS_RELOAD = Backport(
     id="vllm-sinks-weight-reload", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
-    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    upstream="https://github.com/vllm-project/vllm/pull/48251",
     summary="FlashInferImpl keeps the sinks parameter and refreshes its float32 copy on every weight load",
     doc="""Why: ``FlashInferImpl.process_weights_after_loading`` replaces a bf16 ``sinks`` parameter by
     a float32 copy once; on a later weight load (RL weight sync, ``reload_weights``) the copy is
@@ -313,7 +313,7 @@ SINKS_RELOAD = Backport(
     wrong output until restart (GPT-OSS, bf16 sinks, trtllm-gen / XQA).
     How: ``__init__`` keeps the parameter (``_sinks_source``); each weight load converts it again, or
     copies it into the existing float32 tensor (its address stays, for captured CUDA graphs).
-    Affected: 0.20.0 to 0.25.1 (0.26.0 refreshes the copy; the PR was not identified).
+    Affected: 0.20.0 to 0.25.1 (0.26.0 refreshes the copy, vLLM #48251).
 
     Delete when: flashfix no longer supports vLLM older than 0.26.0.""",
     hunks=(Rule(TARGET, "FlashInferImpl.__init__", fixed_if="$SELF._sinks_source",
@@ -356,20 +356,9 @@ PATCHES = (SINK_PREFILL, MLA_FI_LSE, MLA_TRTLLM_LSE, DCP_LSE, DCP_PAGE_COUNTS, F
 
 # --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
 
-from flashfix.semantic import Known  # noqa: E402
 
-KNOWN = (Known(
-    id="vllm-trtllm-multi-cta-kv-counter", engine="vllm", versions=">=0.20,<0.27",
-    upstream="https://github.com/flashinfer-ai/flashinfer/pull/3582",
-    summary="FlashInferImpl.forward's TRT-LLM decode and context calls pass no caller-owned multi-CTA KV counter "
-            "buffer (vLLM 0.33.0 passes one, sized for the DCP-gathered heads and allocated before CUDA-graph capture)",
-    why_not="the counter-buffer argument and get_trtllm_gen_multi_ctas_kv_counter_bytes arrive in flashinfer-python "
-            "0.6.16 (flashinfer#3582); these releases pin 0.6.14",
-    shape=Rule(TARGET, "FlashInferImpl.forward", every=True,
-               before="trtllm_batch_decode_with_kv_cache(**$$$KW)",
-               after="trtllm_batch_decode_with_kv_cache(**$$$KW, multi_ctas_kv_counter_buffer=$SELF._counter)",
-               fixed_if="trtllm_batch_decode_with_kv_cache($$$_, multi_ctas_kv_counter_buffer=$_, **$$$_)"),
-),)
+KNOWN = ()  # vllm-trtllm-multi-cta-kv-counter was dropped (issue 36): not a correctness bug, FlashInfer allocates
+# the counter itself when the caller passes none (flashinfer#3582), and 0.33.0 is the first release that passes one
 
 
 # --- MoE and crash fixes ------------------------------------------------------------------------
@@ -416,7 +405,7 @@ PATCHES += (TRTLLM_FP8_SWIGLU_GATE,)
 
 WORKSPACE_SIZE = Backport(
     id="vllm-prefill-workspace-size", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
-    upstream="https://github.com/vllm-project/vllm/compare/v0.25.1...v0.26.0",
+    upstream="https://github.com/vllm-project/vllm/pull/48428",
     module=TARGET, function=BUILDER + "._get_workspace_buffer", fixed_if="$B = max($B, $_)",
     buggy="{name} (line {line}) allocates the fixed default workspace whatever the prefill chunk's heads",
     before="""
@@ -437,7 +426,7 @@ else:
     ~394 MiB): a wide-head model at the default 8192-token chunk outgrows it, and FlashInfer raises
     instead of growing it (seen on SM120): the engine fails at its first large prefill.
     How: outside batch-invariant mode the workspace is the larger of the default and that estimate
-    (16 bytes an element, as upstream). Affected: 0.20.0 to 0.25.1 (0.26.0 sizes it; PR not identified).
+    (16 bytes an element, as upstream). Affected: 0.20.0 to 0.25.1 (0.26.0 sizes it, vLLM #48428).
 
     Delete when: flashfix no longer supports vLLM older than 0.26.0.""")
 

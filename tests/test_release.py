@@ -296,3 +296,21 @@ def test_check_on_a_real_release(tmp_path):
     proc = _run("--only", "sglang==0.5.1", "--check", str(changed))
     assert proc.returncode == 1, proc.stderr
     assert "DRIFT: sglang 0.5.1 sglang-fp8-kv-scales: was fixed-upstream, now patch" in proc.stderr
+
+
+def test_the_readmes_check_command_runs_twice_and_states_its_size(tmp_path):
+    """Before: a second run failed (``uv venv`` refuses an existing folder) and no size was said. The command as
+    printed, run as a newcomer would (the machine's python3, not this checkout's .venv), its folder moved under
+    tmp_path; the second run reuses the first's environment."""
+    readme = (REPO / "README.md").read_text()
+    intro, block = re.search(r"^Check an environment: (.*?)\n\n```sh\n(.*?)\n```", readme, re.S | re.M).groups()
+    assert re.search(r"about \d+ GB on disk", intro) and "can be run again" in intro, intro
+    assert block.count("/tmp/ff") >= 3
+    command = block.replace("/tmp/ff", str(tmp_path / "ff"))
+    venv_bin = str(REPO / ".venv" / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("FLASHFIX_")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    for attempt in ("first", "second"):
+        proc = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+        assert proc.returncode == 0, (attempt, proc.stdout[-2000:], proc.stderr[-3000:])
+        assert "sglang-fp8-kv-scales" in proc.stdout and "patch" in proc.stdout, (attempt, proc.stdout[-2000:])
