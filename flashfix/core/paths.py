@@ -116,15 +116,26 @@ class ZipReader:
     def version(self, dist):  # else the wheel's one exact pin of ``dist``: what installing the wheel brings
         found, wanted = self._metadata_member(dist)[1], _normal(dist)
         if not found and wanted not in self._pins:
-            from email.parser import HeaderParser
-            from packaging.requirements import Requirement
-
-            texts = [self._read_member(m).decode("utf-8", "replace") for ms in self._metadata.values() for m in ms]
-            pins = [str(s.version) for t in texts for r in map(Requirement, HeaderParser().parsestr(t).get_all("Requires-Dist", []))
-                    if _normal(r.name) == wanted and (not r.marker or r.marker.evaluate({"extra": ""}))
-                    for s in r.specifier if s.operator == "==" and "*" not in s.version]
+            pins = [str(s.version) for r in self._requirements(wanted) for s in r.specifier
+                    if s.operator == "==" and "*" not in s.version]
             self._pins[wanted] = pins[0] if len(pins) == 1 else None
         return found or self._pins[wanted]
+
+    def requirement(self, dist):
+        """What the wheel declares of ``dist`` (``Requires-Dist``, its markers evaluated here, no extra): the
+        specifiers, e.g. ``<1.0.0,>=0.2.1``; None where it declares nothing (or holds ``dist`` itself)."""
+        if self._metadata_member(dist)[1]:
+            return None
+        specs = [str(r.specifier) for r in self._requirements(_normal(dist))]
+        return ",".join(s for s in specs if s) or None
+
+    def _requirements(self, wanted):
+        from email.parser import HeaderParser
+        from packaging.requirements import Requirement
+
+        texts = [self._read_member(m).decode("utf-8", "replace") for ms in self._metadata.values() for m in ms]
+        return [r for t in texts for r in map(Requirement, HeaderParser().parsestr(t).get_all("Requires-Dist", []))
+                if _normal(r.name) == wanted and (not r.marker or r.marker.evaluate({"extra": ""}))]
 
     def version_source(self, dist):
         member = self._metadata_member(dist)[0]
@@ -251,6 +262,9 @@ class Composite:
         return first or (None, None)
 
     version, version_source = (lambda self, dist: self._holder(dist)[0]), (lambda self, dist: self._holder(dist)[1])
+
+    def requirement(self, dist):  # what the first reader that declares ``dist`` declares of it
+        return next(filter(None, (getattr(r, "requirement", lambda d: None)(dist) for r in self.readers)), None)
 
     def archive_of(self, origin):
         return next(filter(None, (getattr(r, "archive_of", lambda o: {})(origin) for r in self.readers)), {})

@@ -546,11 +546,20 @@ def judge(patch, trees, version, claims=None, shape=None):
         return "not-affected", shape.reason
     if shape.kind == BUGGY:
         if in_range(patch, version):  # then what the fix requires: read only where it would apply
-            unmet = ["%s%s (%s)" % (d, s, ("%s %s is installed" if getattr(_locate.reader(), "version_source", bool)(d) else
-                     "the release pins %s==%s") % (d, v) if v else "not installed") for d, s in
-                     sorted((patch.requires or {}).items()) for v in [_locate.version(d)] if not in_range(patch, v, s)]
+            reader, unmet, depends = _locate.reader(), [], []
+            for d, s in sorted((patch.requires or {}).items()):
+                v = _locate.version(d)
+                declared = getattr(reader, "requirement", lambda d: None)(d) if v is None else None
+                if declared:  # a release read, not installed: the installer picks within its declared range
+                    depends.append((d, "%s%s needed, the release allows %s%s" % (d, s, d, declared)))
+                elif not in_range(patch, v, s):
+                    unmet.append("%s%s (%s)" % (d, s, ("%s %s is installed" if getattr(reader, "version_source", bool)(d)
+                                                         else "the release pins %s==%s") % (d, v) if v else "not installed"))
             if unmet:  # the fix needs a newer dependency than the environment (or the wheel's own pin) has
                 return "known-unfixed", "pre-fix shape, not carried here: the fix needs %s: %s" % ("; ".join(unmet), shape.reason)
+            if depends:  # patched where the installed one qualifies, known-unfixed where not: say which
+                shape = shape._replace(reason="depends on which %s is installed (%s; an older one: known-unfixed): %s" % (
+                    ", ".join(d for d, _ in depends), "; ".join(text for _, text in depends), shape.reason))
             taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
             if taken:
                 return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]

@@ -12,7 +12,8 @@ def _add_sources(parser):
     parser.add_argument("--path", dest="sources", action="append", type=lambda value: ("path", value), metavar="PATH",
                         help="read the engines from PATH instead of this environment: a wheel (read from the zip, "
                              "not installed), a site-packages folder or a source tree; repeat to read several as one "
-                             "environment (e.g. an SGLang wheel and a FlashInfer wheel)")
+                             "environment (e.g. an SGLang wheel and a FlashInfer wheel; beside an engine, a dependency wheel "
+                             "that a fix requires, to judge it as installed)")
     parser.add_argument("--python", dest="sources", action="append", type=lambda value: ("python", value), metavar="EXE",
                         help="read the environment of the interpreter EXE: runs EXE (its start-up, .pth files "
                              "included) on a small standard-library program that says where modules and "
@@ -27,7 +28,7 @@ def open_sources(sources, stack):
     from flashfix.tools import doctor as _doctor
     from flashfix.core import paths as _paths
 
-    readers = []
+    readers, refused = [], []
     for kind, value in sources:
         if kind == "python":
             from flashfix.tools import remote as _remote
@@ -35,7 +36,12 @@ def open_sources(sources, stack):
             readers.append(stack.enter_context(_remote.PythonReader(value)))
         else:
             readers.append(_paths.open_path(value))
-            _doctor.check_holds_an_engine(readers[-1], value)
+            try:
+                _doctor.check_holds_an_engine(readers[-1], value)
+            except _paths.SourceError as exc:  # a dependency (a wheel a fix ``requires``), read beside an engine
+                refused.append(exc)
+    if refused and len(refused) == len(readers):  # no engine among them: nothing to judge
+        raise refused[0]
     return (readers[0] if len(readers) == 1 else _paths.Composite(readers)) if readers else None
 
 
