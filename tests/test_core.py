@@ -200,7 +200,7 @@ def test_bad_environment_values_give_one_clear_message(fake_site):
     assert r == {"state": "disabled", "value": 2}
     err = proc.stderr
     assert err.count("unknown patch id(s) 'nope'") == 1
-    assert "valid: all, fake-compute" in err and "vllm-sink-prefill" in err
+    assert "valid: all, memory, fake-compute" in err and "vllm-sink-prefill" in err
     assert "FLASHFIX_STRICT='maybe' is not a boolean" in err
     assert "FLASHFIX_LOG_LEVEL='LOUD' is not a level" in err
     assert "Traceback" not in err

@@ -597,14 +597,21 @@ class Declaration:
                 swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id,
                                                functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
-            owner = functools.reduce(getattr, qualname.split("."), target) if qualname else target
+            owner = _owner(target, qualname)
             node.body  # noqa: B018  (a module read in pieces parses whole first: what the hunk matches is in the tree edited)
             touched = rule.touches(node, given=given)
-            unbound = sorted({n for t in touched for n in _bound_names(t)} - set(vars(owner)))
-            if unbound:  # the matched statement did not run here, as a def under a condition (function_at)
-                raise NotBound("%s.%s is not bound in this process (bound at line %d under a condition that did not "
-                               "hold when %s ran)" % (getattr(owner, "__name__", owner), unbound[0],
-                                                      touched[0].lineno, target.__name__))
+            cls = qualname.rsplit(".", 1)[-1] if qualname else None  # a class body's names are bound mangled
+            for t in touched:  # the matched statement did not run here: a def under a condition (as function_at says)
+                held = next((s for s in node.body if any(n is t for n in walk(s))), None)
+                unbound = sorted({_registry.mangled(cls, n) for n in _bound_names(t)} - set(vars(owner)))
+                if unbound and isinstance(held, _COMPOUND):
+                    raise NotBound("%s.%s is not bound in this process (bound at line %d under a condition, line %d, "
+                                   "that did not hold when %s ran)" % (getattr(owner, "__name__", owner), unbound[0],
+                                                                       t.lineno, held.lineno, target.__name__))
+                if unbound:  # a plain statement of the body, which runs whenever it does: not what the source says
+                    raise ShapeError("%s.%s is not found bound where the source defines it (line %d, outside any "
+                                     "condition) after %s ran" % (getattr(owner, "__name__", owner), unbound[0],
+                                                                  t.lineno, target.__name__))
             code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched)[1]
             needed = {a.name: a.value for a in needed_globals(target, names, self.needs)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
@@ -634,11 +641,35 @@ class Declaration:
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match) + (
+    (ast.TryStar,) if hasattr(ast, "TryStar") else ())  # what may leave the statements it holds unrun
+
+
+def _owner(target, qualname):
+    """The class ``qualname`` (its names as the source spells them; a private one mangled) of module ``target``,
+    or ``target`` for None; ``NotBound``/ShapeError as ``function_at`` where one is not bound."""
+    owner, cls = target, None
+    for index, part in enumerate(qualname.split(".") if qualname else ()):
+        key = _registry.mangled(cls, part)
+        if key not in vars(owner) and not hasattr(owner, key):
+            _registry.not_bound(target, ".".join(qualname.split(".")[:index + 1]), owner, key)
+        owner, cls = getattr(owner, key), part
+    return owner
+
+
 def _bound_names(node):
     """The names a statement (an import, an assignment, a def) binds in the scope that holds it."""
     return {a.asname or a.name.split(".")[0] for a in walk(node) if isinstance(a, ast.alias)} | {
         n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | (
         {node.name} if isinstance(node, _source._DEFS) else set())
+
+
+def _spelled(statement):
+    """The identifiers ``statement`` spells that Python may mangle: names, attributes, defs, parameters, imports,
+    keywords, ``global``/``nonlocal`` names."""
+    for n in walk(statement):
+        yield from [w for w in words(n) if not isinstance(n, (ast.Constant, ast.ImportFrom))] + list(
+            getattr(n, "names", None) if isinstance(n, (ast.Global, ast.Nonlocal)) else ())
 
 
 def _body(tree, node, edit, runs=True, touches=None):
@@ -660,6 +691,11 @@ def _body(tree, node, edit, runs=True, touches=None):
         raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
                          % (getattr(node, "name", None) or tree.flashfix_origin))
     _, i, j, k, m = changed[0]
+    private = next((w for s in edited.body[k:m] for w in _spelled(s) if _registry.mangled(node.name, w) != w), None) if (
+        isinstance(node, ast.ClassDef)) else None
+    if private is not None:  # compiled outside the class, as the runtime runs them, they would not be mangled
+        raise ShapeError("the new statements of class %s spell the private name %s, which Python mangles in a class "
+                         "body: a backport of a class body may not spell one" % (node.name, private))
     start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
     text = None
     if j - i == m - k == 1 and type(old[i]) is type(edited.body[k]):  # one statement changed inside (an ``if`` block):

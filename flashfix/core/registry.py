@@ -193,26 +193,60 @@ def rewrite(func, edit, patch_id, touches=None):
     return SwapCode(func, marked, plain, site)
 
 
+def mangled(owner, name):
+    """The attribute name ``name``, written in the body of class ``owner`` (its name as the class statement
+    spells it), is bound as: Python's private-name mangling makes ``__x`` (two leading underscores, not two
+    trailing) ``_Owner__x``, the class name's leading underscores stripped (a name of underscores alone: none)."""
+    if owner is None or not name.startswith("__") or name.endswith("__") or "." in name:
+        return name
+    stripped = owner.lstrip("_")
+    return "_%s%s" % (stripped, name) if stripped else name
+
+
 def function_at(module, qualname):
-    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``) defined in ``module``'s
-    file, looking through ``functools.wraps`` wrappers; a ShapeError if there is none (``NotBound`` where the
-    name is not bound at all: defined under a condition that did not hold)."""
-    owner = module
+    """The plain function at ``qualname`` (``"Class.method"`` or ``"function"``, the names as the source spells
+    them, as ``__qualname__`` does: a private ``__name`` is looked up mangled) defined in ``module``'s file,
+    looking through ``functools.wraps`` wrappers; a ShapeError if there is none (``NotBound`` where the name is
+    not bound at all and the source defines it under a condition, which did not hold; ``not_bound``)."""
+    owner, cls = module, None
     *outer, name = qualname.split(".")
-    for part in outer:
-        owner = getattr(owner, part, None)
-        if not isinstance(owner, type):
+    for index, part in enumerate(outer):
+        inner = getattr(owner, mangled(cls, part), None)
+        if inner is None and mangled(cls, part) not in vars(owner):
+            not_bound(module, ".".join(outer[:index + 1]), owner, mangled(cls, part))
+        if not isinstance(inner, type):
             raise ShapeError("%s has no class %s" % (module.__name__, part))
-    obj = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if obj is None and name not in vars(owner):
-        raise NotBound("%s.%s is not bound in this process (defined under a condition that did not hold when %s ran)"
-                       % (getattr(owner, "__name__", owner), name, module.__name__))
+        owner, cls = inner, part
+    key = mangled(cls, name)
+    obj = owner.__dict__.get(key) if isinstance(owner, type) else getattr(owner, key, None)
+    if obj is None and key not in vars(owner):
+        not_bound(module, qualname, owner, key)
     for _ in range(10):
         code = getattr(obj, "__code__", None)
         if code is not None and code.co_name == name and code.co_filename == getattr(module, "__file__", None):
             return obj
         obj = getattr(obj, "__wrapped__", None)
-    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), name, module.__name__))
+    raise ShapeError("%s.%s is not a plain function of %s" % (getattr(owner, "__name__", owner), key, module.__name__))
+
+
+def not_bound(module, qualname, owner, key, tree=None):
+    """Raise for ``qualname`` of ``module``, which ``owner`` does not bind (as ``key``): ``NotBound`` (not-affected)
+    only where its source (``tree``: read now if None) defines it under a condition (an ``if``, ``try``, ``with``,
+    a loop), which then did not hold; else a ShapeError (unknown-shape): the source defines it where it runs
+    whenever the module does, so what is bound is not what the source says (a name looked up wrong, a
+    class body that removed it, a metaclass...), and nothing can say the bug does not run."""
+    where = "%s.%s" % (getattr(owner, "__name__", owner), key)
+    try:
+        tree = _source.module_ast(module.__name__) if tree is None else tree
+        found = _source.condition_of(tree, qualname)
+    except ShapeError:
+        found = None
+    if found is not None and found[1] is not None:
+        raise NotBound("%s is not bound in this process (%s is defined at line %d under a condition, line %d, that did "
+                       "not hold when %s ran)" % (where, qualname, found[0], found[1], module.__name__))
+    raise ShapeError("%s is not found bound where the source defines it: %s%s, but %s has no %s after %s ran" % (
+        where, qualname, " is defined at line %d outside any condition" % found[0] if found is not None else
+        " is not found in the source read now", getattr(owner, "__name__", owner), key, module.__name__))
 
 
 _CODE_FIELDS = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_flags", "co_argcount",

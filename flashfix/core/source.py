@@ -31,7 +31,7 @@ import weakref
 from collections import namedtuple
 
 from flashfix.core import locate as _locate
-from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference  # noqa: F401  (defined in the
+from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference, mangled  # noqa: F401  (defined in the
 # registry, which every process imports; this module only when something is decided: flashfix.core.lazy)
 
 
@@ -307,22 +307,45 @@ def find_def(tree, qualname):
     return node
 
 
+def condition_of(tree, qualname):
+    """``(line, condition)`` for the definition Python binds to ``qualname`` in ``tree`` (``find_def``'s): the line
+    of its def, and that of the compound statement (``if``, ``try``, ``with``, a loop, ``match``) that holds the
+    first definition on its path bound only under it (``C`` of ``C.m`` too), None where every one is a plain
+    statement of its scope, bound whenever the module runs; None where nothing there defines ``qualname``."""
+    if not isinstance(tree, ast.Module):
+        return None
+    parts = qualname.split(".")
+    if isinstance(tree, Module):
+        statements = tree.statements((parts[0],), parts[1] if len(parts) > 1 else None)
+        tree = ast.Module(body=[s for s in statements if _binds(s, parts[0])], type_ignores=[])
+    node, condition = tree, None
+    for part in parts:
+        found = _bound_def(node, part, qualname, held=True)
+        if found is None:
+            return None
+        node, holder = found
+        condition = condition if condition is not None or holder is None else holder.lineno
+    return node.lineno, condition
+
+
 def _binds(statement, name):
     return isinstance(statement, _DEFS) and statement.name == name or bool(_bindings(statement, name))
 
 
-def _bound_def(scope, name, qualname):
+def _bound_def(scope, name, qualname, held=False):
+    """The def of ``scope`` that binds ``name`` (``held``: ``(def, the statement of the scope that holds it, or
+    None where it is one itself)``), None where none does."""
     bindings = []
     for statement in getattr(scope, "body", ()):
         if isinstance(statement, _DEFS) and statement.name == name:
-            bindings.append((statement, True))
+            bindings.append((statement, None))
         else:
-            bindings.extend((node, False) for node in _bindings(statement, name))
+            bindings.extend((node, statement) for node in _bindings(statement, name))
     if not any(isinstance(node, _DEFS) for node, _ in bindings):
         return None  # imported or assigned here, not defined: no definition to read
-    last, plain = bindings[-1]
-    if plain or len(bindings) == 1:  # the only binding, a def under if/try/with/a loop: that def, if any is bound
-        return last
+    last, holder = bindings[-1]
+    if holder is None or len(bindings) == 1:  # the only binding, a def under if/try/with/a loop: that def, if any is bound
+        return (last, holder) if held else last
     raise ShapeError("%s is bound at lines %s and the last of them is not a plain definition of its scope (it is "
                      "inside if/try/with/a loop, or an assignment, import or del), so which definition Python "
                      "binds cannot be read from the source"
@@ -534,7 +557,7 @@ def _compile(like, def_node, tree):
     owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
     if owner is not None:  # keep private-name mangling and the __class__ cell of zero-arg super()
         body = [ast.ClassDef(name=owner, bases=[], keywords=[], body=[node], decorator_list=[], type_params=[])]
-        fetch = "%s.__dict__[%r]" % (owner, node.name)
+        fetch = "%s.__dict__[%r]" % (owner, mangled(owner, node.name))  # a private ``def __m`` binds ``_Owner__m``
     else:
         body = [node]
         fetch = node.name
