@@ -26,6 +26,7 @@ import copy
 import functools
 import importlib
 import re
+import sys
 import textwrap
 
 from flashfix.core import locate as _locate
@@ -524,6 +525,9 @@ class Declaration:
                    and _DESCRIPTOR.search(ast.unparse(getattr(d, "func", d)))]
             if shape.kind == BUGGY and odd:  # the runtime would find no function there to recompile
                 shape = Shape(UNKNOWN, "%s is not a plain function of %s: @%s" % (qualname, modname, odd[0]))
+            made = _made_from_body(func, trees[modname]) if shape.kind == BUGGY and isinstance(func, ast.ClassDef) else None
+            if made is not None and (made != "a dataclass" or _sets_field(rule, found)):  # its body read once when the class is made: setting a name on it changes nothing
+                shape = Shape(UNKNOWN, _made_reason(qualname, made))
             if shape.kind != BUGGY:
                 return shape, None, None
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
@@ -598,6 +602,10 @@ class Declaration:
                                                functools.partial(rule.touches, given=given)))
                 continue  # a class body or module: its new statements run now, what they bind is set on it (ran)
             owner = _owner(target, qualname)
+            made = _made_from_class(owner) if qualname else None
+            if made is not None and (made != "a dataclass" or _sets_field(rule, rule.site(node, None, given)[0], [
+                    f.name for f in importlib.import_module("dataclasses").fields(owner)])):  # what its source did not show (a base imported from elsewhere): refused as the probe does
+                raise ShapeError(_made_reason(qualname, made))
             node.body  # noqa: B018  (a module read in pieces parses whole first: what the hunk matches is in the tree edited)
             touched = rule.touches(node, given=given)
             cls = qualname.rsplit(".", 1)[-1] if qualname else None  # a class body's names are bound mangled
@@ -639,6 +647,66 @@ class Declaration:
         for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
             planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
+
+
+# Classes whose body is read once when the class is made (a decorator or a metaclass turns it into fields or
+# members): a class-body hunk sets the new value on the class, which their ``__init__``, accessors or members
+# never read again. Refused (unknown-shape), by the probe from the source, by ``prepare`` from the class.
+_MADE_DECORATORS = {"dataclass": "a dataclass", "s": "an attrs class", "attrs": "an attrs class",
+                    "define": "an attrs class", "frozen": "an attrs class", "mutable": "an attrs class"}
+_ATTRS_MODULES = {"", "attr", "attrs"}  # ``@define``, ``@attr.s``, ``@attrs.define``...
+_MADE_BASES = dict(dict.fromkeys(("NamedTuple",), "a NamedTuple"), **dict.fromkeys(
+    ("BaseModel", "BaseSettings", "RootModel", "GenericModel"), "a pydantic model"), **dict.fromkeys(
+    ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag", "ReprEnum"), "an enum"))
+
+
+def _made_from_body(node, tree, seen=()):
+    """The kind of class (``"a dataclass"``...) the ``ClassDef`` ``node`` of ``tree`` makes from its body, as its
+    decorators and bases (a base defined in ``tree`` too, followed) spell it, or None."""
+    for d in node.decorator_list:
+        parts = ast.unparse(getattr(d, "func", d)).rsplit(".", 1)
+        name, owner = parts[-1], parts[0] if len(parts) > 1 else ""
+        if name == "dataclass" or name in _MADE_DECORATORS and owner in _ATTRS_MODULES:
+            return _MADE_DECORATORS[name] if name != "dataclass" or owner != "attr" else "an attrs class"
+    for base in node.bases:
+        name = ast.unparse(getattr(base, "value", base) if isinstance(base, ast.Subscript) else base).rsplit(".", 1)[-1]
+        if name in _MADE_BASES:
+            return _MADE_BASES[name]
+        defined = _source.find_def(tree, name) if isinstance(base, ast.Name) and name not in seen else None
+        made = _made_from_body(defined, tree, seen + (name,)) if isinstance(defined, ast.ClassDef) else None
+        if made is not None:
+            return made
+    return None
+
+
+def _made_from_class(owner):
+    """The kind of class ``owner`` (an imported class) is, where its body was read once when it was made, or None."""
+    if not isinstance(owner, type):
+        return None
+    has = lambda *names: any(n in vars(k) for k in owner.__mro__ + type(owner).__mro__ for n in names)  # noqa: E731
+    enum = sys.modules.get("enum")
+    return ("a dataclass" if has("__dataclass_fields__") else "a NamedTuple" if issubclass(owner, tuple) and has(
+        "_fields") else "a pydantic model" if has("model_fields", "__fields__", "__pydantic_fields__") else
+        "an attrs class" if has("__attrs_attrs__") else "an enum" if enum is not None and isinstance(
+            owner, enum.EnumMeta) else None)
+
+
+def _sets_field(rule, found, fields=()):
+    """Does a hunk (its matches ``found``) change or add a dataclass field: an annotated statement, not a
+    ``ClassVar``, where it matched or in its new statements, or one that binds a name of ``fields``? (A plain class
+    attribute of a dataclass, ``transformers``' config classes' ``attribute_map`` say, is set on it as elsewhere.)"""
+    for stmt in [n for node, _ in found for n in (node.body if isinstance(node, Block) else [node])] + [
+            build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found]:
+        if any(isinstance(n, ast.AnnAssign) and "ClassVar" not in ast.unparse(n.annotation) for n in walk(stmt)) or (
+                _bound_names(stmt) & set(fields)):
+            return True
+    return False
+
+
+def _made_reason(qualname, kind):
+    what = "members" if kind == "an enum" else "fields"
+    return ("%s is %s: its %s are read once when the class is made; a class-body hunk cannot change them (write "
+            "the fix against __init__ or the code that reads the %s)" % (qualname.rsplit(".", 1)[-1], kind, what, what[:-1]))
 
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match) + (
