@@ -68,9 +68,9 @@ def test_engine_plugin_loader_activates_flashfix_once(requirement, overlay):
     (doctor,) = engine_env.run(requirement, DOCTOR, pythonpath=str(overlay))
     (smoke,) = engine_env.run(requirement, SMOKE.replace("LOADER", LOADERS[engine]), pythonpath=str(overlay))
     stderr, states = engine_env.run.last_stderr, smoke["states"]
-    # Issue 24's memory limit: once every patch is decided, the process holds none of the matcher, reader or
-    # renderer (flashfix.core.lazy): not imported, and no function or class of theirs left for the collector.
-    assert smoke["loaded"] == [] and smoke["held"] == [], smoke
+    # Issue 35: the deciding code is imported to decide and then kept, as any module (flashfix no longer takes
+    # modules out of sys.modules or calls the collector to let go of it); what it costs: bench_import.py.
+    assert "flashfix.core.matcher" in smoke["loaded"] and set(smoke["loaded"]) <= set(smoke["held"]) | {"flashfix.core.locate"}, smoke
     assert stderr.count("loaded by an engine plugin loader") == 1, stderr[-3000:]
     for row in doctor:
         if row["verdict"] == "known-unfixed":  # informational: nothing runs, not in status()
