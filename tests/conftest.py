@@ -119,3 +119,23 @@ def run_py(code, site=None, env=None, python=sys.executable, check=True):
         raise AssertionError("exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout, proc.stderr))
     results = [json.loads(l[len(RESULT):]) for l in proc.stdout.splitlines() if l.startswith(RESULT)]
     return results, proc
+
+
+# ``flashfix doctor`` run on a fake site: the fake engine's pack is named in PATCH_MODULES first (an entry-point
+# pack for an engine flashfix does not watch is skipped), then the package's own __main__ runs.
+FAKE_DOCTOR = ("import runpy, sys, flashfix; flashfix.PATCH_MODULES['fakeeng'] = 'fake_patches'; "
+               "sys.argv[0] = 'flashfix'; runpy.run_module('flashfix', run_name='__main__', alter_sys=True)")
+
+# Activated first (the code read before the module runs, ``prepare_ahead``), or the engine imported first (from
+# the loaded function, ``prepare``).
+IMPORT_ORDERS = {"ahead": "use_fake()\nimport fakeeng.core as core", "loaded": "import fakeeng.core as core\nuse_fake()"}
+
+
+def fake_doctor_row(site, strict=False, patch_id="fake-compute"):
+    """(exit status, ``patch_id``'s row) of ``flashfix doctor --json`` on ``site`` (the engine not imported)."""
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
+               PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
+    proc = subprocess.run([sys.executable, "-c", FAKE_DOCTOR, "doctor", "--json"] + ["--strict"] * strict,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, {r["id"]: r for r in json.loads(proc.stdout)}[patch_id]

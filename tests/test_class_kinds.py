@@ -9,12 +9,11 @@ engine is untouched, and strict mode fails the import; a plain class's attribute
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_py
+from conftest import IMPORT_ORDERS as ORDERS, run_py
+from conftest import fake_doctor_row as doctor
 
 PACK = '''
 from flashfix.semantic import Backport
@@ -146,22 +145,6 @@ def read():
 ''', "page_size = 1", "page_size = 15"),
 }
 
-DOCTOR = ("import runpy, sys, flashfix; flashfix.PATCH_MODULES['fakeeng'] = 'fake_patches'; "
-          "sys.argv[0] = 'flashfix'; runpy.run_module('flashfix', run_name='__main__', alter_sys=True)")
-
-
-def doctor(site, strict=False):
-    """(exit status, the fake patch's row) of ``flashfix doctor --json`` (the engine not imported)."""
-    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
-               PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
-    proc = subprocess.run([sys.executable, "-c", DOCTOR, "doctor", "--json"] + ["--strict"] * strict,
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, {r["id"]: r for r in json.loads(proc.stdout)}["fake-compute"]
-
-
-# Activated first (the code read before the module runs), or the engine imported first.
-ORDERS = {"ahead": "use_fake()\nimport fakeeng.core as core", "loaded": "import fakeeng.core as core\nuse_fake()"}
 
 RUN = '''
 import flashfix

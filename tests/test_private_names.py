@@ -8,12 +8,9 @@ bound at run time is ``unknown-shape`` (strict mode fails), never ``not-affected
 with a declarative pack; the doctor runs as ``python -m flashfix doctor --json`` does, in a process that watches
 the fake engine."""
 
-import json
-import os
-import subprocess
-import sys
 import pytest
-from conftest import REPO, run_py
+from conftest import IMPORT_ORDERS as ORDERS, run_py
+from conftest import fake_doctor_row as doctor
 
 ENGINE = '''
 def helper(a, b):
@@ -49,27 +46,10 @@ PATCHES = (Backport(
 '''
 
 # ``python -m flashfix doctor --json`` in a process that watches the fake engine (as ``use_fake`` does)
-DOCTOR = ("import runpy, sys, flashfix; flashfix.PATCH_MODULES['fakeeng'] = 'fake_patches'; "
-          "sys.argv[0] = 'flashfix'; runpy.run_module('flashfix', run_name='__main__', alter_sys=True)")
-
-
 def pack(function="Planner.__wants_vision", after="helper($X, 2)"):
     return PACK % (function, after)
 
 
-def doctor(site, strict=False):
-    """(exit status, the fake patch's row) of ``flashfix doctor --json`` (the engine not imported)."""
-    env = dict({k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")},
-               PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
-    proc = subprocess.run([sys.executable, "-c", DOCTOR, "doctor", "--json"] + ["--strict"] * strict,
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, {r["id"]: r for r in json.loads(proc.stdout)}["fake-compute"]
-
-
-# Activated first, the code is made from the source before the module runs (``prepare_ahead``); the engine
-# imported first, from the loaded function when flashfix is activated (``prepare``).
-ORDERS = {"ahead": "use_fake()\nimport fakeeng.core as core", "loaded": "import fakeeng.core as core\nuse_fake()"}
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))
