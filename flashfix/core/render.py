@@ -3,8 +3,11 @@
 ``render`` walks the installed and the edited def together and rewrites only the text that
 differs (an expression, a statement, an item of a list or block, an ``elif`` branch), each changed
 node by its ``flashfix_text`` (``flashfix.semantic``: the pattern's own text, each metavariable the
-engine's text of its binding), by its source when copied from the engine, else by ``ast.unparse``;
-comments, quotes and line breaks elsewhere stay. The text must parse back to the edited AST, else
+engine's text of its binding, with the pattern's comments: those on lines just above a statement, and
+one after the node, put at the end of the line it ends), by its source when copied from the engine, else
+by ``ast.unparse``; comments, quotes and line breaks elsewhere stay (an ``elif`` put before ``else:``
+leaves the ``else`` block's text as it is). Where the pattern's comments cannot be placed so that the
+text parses back, it is written again without them. The text must parse back to the edited AST, else
 the whole function is written by ``ast.unparse``. Line numbers: an unchanged line keeps its own; the
 k-th line written for a change reports as the k-th it replaces (at most the last), an inserted one
 as the line it is put before.
@@ -103,13 +106,42 @@ def _elif(node):
     return len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)
 
 
+_NOTE = re.compile("\x00([^\x00]*)\x00")  # a comment to put at the end of the line it is on, once placed
+
+
+def _note(comment):
+    return "\x00%s\x00" % comment.replace("\x00", "")
+
+
+def _template_comments(own):
+    """``(lines above, trailing)``: the comment lines just above and the comment just after the template
+    node that ``own`` (a ``flashfix_text`` of ``flashfix.core.matcher.build``) spells, in the pattern's text."""
+    args = getattr(own, "args", ())
+    if len(args) < 2 or not isinstance(args[0], str) or not hasattr(args[1], "end_lineno"):
+        return [], None
+    src, template = args[0], args[1]
+    lines = _lines(src)
+    if not (0 < template.lineno <= template.end_lineno <= len(lines)):
+        return [], None
+    last = lines[template.end_lineno - 1].encode("utf-8")[template.end_col_offset:].decode("utf-8", "replace")
+    tail = re.match(r"[ \t]*(#[^\n]*)", last)
+    above, k = [], template.lineno - 2
+    while isinstance(template, ast.stmt) and k >= 0 and re.match(r"[ \t]*#", lines[k]) and not \
+            lines[template.lineno - 1][:template.col_offset].strip():
+        above.insert(0, lines[k].strip())
+        k -= 1
+    unmask = lambda t: t.replace("__ffx_n_", "$$$").replace("__ffx_1_", "$")  # matcher.MANY, matcher.ONE
+    return [unmask(a) for a in above], unmask(tail.group(1).rstrip()) if tail else None
+
+
 class Writer:
     """Offsets in the text of ``lines`` (``at``: of ``ast``'s line and UTF-8 column), and the
     changes ``(start, end, text)`` to it that turn an installed def into the edited one (``diff``)."""
 
-    def __init__(self, lines, marked=True):
+    def __init__(self, lines, marked=True, comments=True):
         self.lines, self.src, self.starts = lines, "".join(lines), [0, *itertools.accumulate(map(len, lines))]
         self.marked, self.edits, self.floor = marked, [], len(self.src)  # floor: where the text replaced starts
+        self.comments, self.noted = comments, False  # the comments written in a pattern's text go with its code
 
     def at(self, line, col):
         return self.starts[line - 1] + len(self.lines[line - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
@@ -144,7 +176,12 @@ class Writer:
         if not isinstance(node, list):
             own = getattr(node, "flashfix_text", None)
             if own is not None:
-                return own(self.spell, self.marked)
+                text = own(self.spell, self.marked)
+                if self.comments:  # the pattern's own comments: lines just above a statement, one after it
+                    above, tail = _template_comments(own)
+                    text = "".join(c + "\n" for c in above) + text + (_note(tail) if tail else "")
+                    self.noted = self.noted or bool(above)
+                return text
             try:
                 text = self.segment(*self.span(node))
             except _Up:
@@ -166,6 +203,25 @@ class Writer:
         return self.segment(start, spans[-1][1])  # contiguous: the engine's own text
 
     def put(self, start, end, text):
+        """Text ``start``..``end`` becomes ``text``; a comment noted in it (``_note``) goes at the end of its
+        line: of the text's line, or of the installed line where the text ends."""
+        parts = _NOTE.split(text)
+        text, notes = "", []
+        for k, part in enumerate(parts):
+            if k % 2 == 0:
+                text += part
+            else:
+                notes.append((len(text), part))
+                self.noted = True
+        for at, comment in sorted(notes, reverse=True):
+            nl = text.find("\n", at)
+            if nl >= 0:
+                text = text[:nl] + "  " + comment + text[nl:]
+            elif re.match(r"[ \t]*(#[^\n]*)?(\n|$)", self.src[end:]):  # the text ends its line
+                text = text + "  " + comment
+            else:
+                line_end = self.src.find("\n", end)
+                self.edits.append((line_end, line_end, "  " + comment))
         self.edits.append((start, end, text))
 
     def replace(self, old, new, parent=None):
@@ -199,10 +255,34 @@ class Writer:
                 raise
             del self.edits[mark:]
             self.replace(old, new, parent)
+            return
+        own = getattr(new, "flashfix_text", None)
+        if own is not None and self.comments and len(self.edits) > mark:  # a pattern's node, changed in parts:
+            above, tail = _template_comments(own)  # its comments go where its text is
+            try:
+                start, end = self.span(old)
+                if tail:
+                    self.put(end, end, _note(tail))
+                if above:
+                    indent = self.indent(start, True)
+                    self.put(start - len(indent), start - len(indent), "".join(indent + c + "\n" for c in above))
+                    self.noted = True
+            except _Up:  # not on a line of its own: the comments are left out
+                pass
 
     def orelse(self, old, new):
         """An ``elif`` branch put before another (else the ``if`` statement is written again)."""
         value, branch = old.orelse, new.orelse[0] if _elif(new) else None
+        if branch and value and not _elif(old) and old.body:  # ``else:`` becomes ``elif ...:`` then ``else:``
+            start = self.span(value[0])[0]
+            between = re.compile(r"^([ \t]*)else[ \t]*:", re.M).search(self.src, self.span(old.body[-1])[1], start)
+            if between is None or not re.match(r"[ \t]*(#[^\n]*)?\n", self.src[between.end():]):
+                raise _Up()  # ``else: x`` on one line, or no ``else`` found where it must be
+            inner, at = self.indent(start, True), between.start()
+            self.put(at, at, "%selif %s:\n%s" % (between.group(1), self.spell(branch.test), "".join(
+                inner + reindent(self.spell(s), inner) + "\n" for s in branch.body)))
+            self.items(value, branch.orelse)
+            return
         if not (_elif(old) and branch):
             raise _Up()
         if list(map(ast.dump, branch.orelse)) == list(map(ast.dump, value)):
@@ -358,11 +438,17 @@ def render(text, original, edited, origin=None):
         for version in (MARKED, PLAIN):
             expected = edited if version == MARKED else _strip_markers(edited)
             try:
-                writer = Writer(lines, version == MARKED)
-                writer.diff(original, expected, top=True)
-                candidate, line_map = writer.text(start, end)
-                if not _same(candidate, line_map, expected):
-                    raise RenderError("the text does not parse back to the edit")
+                for comments in (True, False):  # the patterns' comments in place, else left out
+                    try:
+                        writer = Writer(lines, version == MARKED, comments)
+                        writer.diff(original, expected, top=True)
+                        candidate, line_map = writer.text(start, end)
+                        if not _same(candidate, line_map, expected):
+                            raise RenderError("the text does not parse back to the edit")
+                        break
+                    except Exception:
+                        if not writer.noted:  # no comment was put: it fails without them too
+                            raise
             except Exception:  # a change the installed text cannot hold (the whole function below is checked too)
                 whole.append(version)
                 unparsed = ast.unparse(expected).split("\n")
