@@ -242,19 +242,6 @@ PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_K
 from flashfix.semantic import Known, Rule  # noqa: E402
 
 KNOWN = (Known(
-    id="sglang-mla-chunked-prefix-lse-base", engine="sglang", versions=">=0.5.1",
-    upstream="https://github.com/sgl-project/sglang/issues/40903",
-    summary="MLA chunked-prefix attention on the FlashInfer backend hands FlashInfer's base-2 LSE to merge_state_v2, "
-            "which takes natural-log LSE: cached prefix and new tokens are mis-weighted on every long prefix-cache hit "
-            "(DeepSeek V2/V3/R1 and other MLA models)",
-    why_not="no upstream fix is merged (sglang#35045 is open); FlashInfer's own natural-log option (lse_base=\"ln\", "
-            "flashinfer#5257) is newer than every release's FlashInfer",
-    shape=Rule("sglang.srt.layers.attention.flashinfer_mla_backend", "FlashInferMhaChunkKVRunner.forward", every=True,
-               absent_unless_mentioned="FlashInferMhaChunkKVRunner",
-               before="$W.forward_return_lse($$$A, **$$$KW)", after="$W.forward_return_lse($$$A, **$$$KW, lse_base=\"ln\")",
-               fixed_if=("$_.forward_return_lse($$$_, lse_base=\"ln\", **$$$_)",
-                         "$_.forward_return_lse($$$_, return_lse_base_on_e=True, **$$$_)", "math.log(2)")),
-), Known(
     id="sglang-swa-paged-plan-window-left", engine="sglang", versions=">=0.5.1,<0.5.16",
     upstream="https://github.com/sgl-project/sglang/pull/31501",
     summary="sliding-window paged-only prefill (piecewise CUDA-graph prefill, deterministic mode, "
@@ -426,9 +413,61 @@ KNOWN += (Known(
             "runner's rule, whose inputs differ from release to release"),)
 
 
+# --- MLA chunked-prefix attention: FlashInfer's base-2 LSE handed to natural-log merges (flashfix's own) ------
+
+_MLA_BACKEND = "sglang.srt.layers.attention.flashinfer_mla_backend"
+LN2 = 0.6931471805599453
+
+
+def lse_to_natural_log(result):
+    """``(output, lse)`` of FlashInfer's ``forward_return_lse`` with the LSE as a natural log (FlashInfer's is base 2),
+    for SGLang's merges, which take natural logs; an output without an LSE as it is."""
+    if isinstance(result, tuple):
+        out, lse = result
+        return out, lse * LN2
+    return result
+
+
+def _returns_lse(tree, func):
+    """The runner asks FlashInfer for an LSE (0.5.1 always, later releases where the caller merges)."""
+    if not find(pattern("$_.forward_return_lse($$$_, **$$$_)"), [func]):
+        return Shape(ABSENT, "%s calls no forward_return_lse: it returns no LSE" % func.name)
+    return {}
+
+
+MLA_CHUNKED_PREFIX_LSE = Backport(
+    id="sglang-mla-chunked-prefix-lse-base", engine="sglang", versions=">=0.5.1",
+    fixed_in="none (0.5.23, the latest release, has the bug)",
+    upstream="https://github.com/sgl-project/sglang/issues/40903 (flashfix's own fix; open PR sglang#35045)",
+    module=_MLA_BACKEND, function="FlashInferMhaChunkKVRunner.forward", absent_unless_mentioned="FlashInferMhaChunkKVRunner",
+    before="return $O", after="return lse_to_natural_log($O)", context=_returns_lse,
+    needs={"lse_to_natural_log": "flashfix.sglang_patch"},
+    fixed_if=("lse_to_natural_log($$$_)", "$_.forward_return_lse($$$_, lse_base=\"ln\", **$$$_)",
+              "$_.forward_return_lse($$$_, return_lse_base_on_e=True, **$$$_)", "math.log(2)"),
+    fixed="{name} converts FlashInfer's LSE to natural log (`{form}`)",
+    buggy="{name} (line {line}) returns FlashInfer's base-2 LSE to merge_state, which reads natural logs (flashfix's "
+          "own fix: no SGLang release has one; sglang#35045 is open)",
+    summary="MLA chunked-prefix attention (FlashInfer MLA backend): the chunk runner returns natural-log LSEs, so "
+            "SGLang's merge_state weighs the cached prefix chunks and the new tokens right",
+    doc="""Why: with an MLA model (DeepSeek V2/V3/R1, Kimi) on the FlashInfer MLA backend, an extend over a
+    cached prefix attends to the new tokens (ragged, causal) and to the prefix in chunks, through
+    FlashInferMhaChunkKVRunner.forward, and merges the parts with SGLang's merge_state
+    (``_chunked_prefix_attn_mha``: sgl_kernel's merge_state_v2 or its Triton twin), which computes the
+    weights as exp(lse). FlashInfer's forward_return_lse returns log2-sum-exp2: the parts are
+    mis-weighted, 0.10 to 0.18 relative L2 off float64 on an H200 (docs/gpu.md), the newest tokens
+    under-attended, on every long prefix-cache hit. vLLM fixed the same in #52796.
+    How: the runner's result, where it is ``(output, lse)``, gets ``lse * ln 2``. Its LSEs go only to
+    those merges (forward_batch.mha_return_lse is set by the models that merge, and attn_attend_prefix_cache
+    by their chunk loop). Steps aside where the function converts already: sglang#35045's ``math.log(2)``,
+    or FlashInfer's natural-log option (``lse_base="ln"``, flashinfer#5257; or ``return_lse_base_on_e``).
+    Affected: every final release from 0.5.1 (0.5.23 is the latest checked).
+
+    Delete when: SGLang converts the LSE in the runner (the probe then reads fixed-upstream).""")
+PATCHES += (MLA_CHUNKED_PREFIX_LSE,)
+
+
 # --- FlashInfer merge_state beyond its launch limit: sglang#23993 (0.5.13), and its fallback's LSE base ------
 
-LN2 = 0.6931471805599453
 MERGE_STATE_MAX_THREADS = 1024  # FlashInfer's MergeState launches head_dim / vec_size x num_heads threads per block
 
 

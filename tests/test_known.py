@@ -14,6 +14,7 @@ import engine_env
 from conftest import REPO
 
 MLA = "sglang-mla-chunked-prefix-lse-base"
+CAP = "sglang-flashinfer-logit-softcap-plan"
 COUNTER = "vllm-trtllm-multi-cta-kv-counter"
 MLA_FILE = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 
@@ -33,37 +34,46 @@ def doctor(*args):
                           text=True, timeout=300)
 
 
-def test_sglang_0_5_23_names_the_mla_lse_fix_by_its_code_and_strict_passes():
+def test_sglang_0_5_23_carries_the_mla_lse_fix_as_flashfix_own_and_names_the_soft_cap():
+    """The MLA chunked-prefix LSE fix (sglang#40903, no release has one) was a known-unfixed row; flashfix now
+    carries it: ``patch``, by the code (the line of the runner's return), its reason saying it is flashfix's own fix.
+    The logit soft cap (sglang#33915) stays known-unfixed; strict passes."""
     site = _site("sglang==0.5.23")
     proc = doctor("--strict", "--json", "--path", str(site))
     assert proc.returncode == 0, proc.stderr
-    (row,) = [r for r in json.loads(proc.stdout) if r["id"] == MLA]
-    assert row["verdict"] == "known-unfixed" and row["engine_version"] == "0.5.23"
-    assert row["upstream"] == "https://github.com/sgl-project/sglang/issues/40903"
-    assert row["fixed_in"] is None and row["affected_versions"] == ">=0.5.1"
-    # judged by the code: the line of the base-2 LSE call, read from the installed file
-    assert "FlashInferMhaChunkKVRunner.forward (line 187) has the pre-fix form" in row["reason"]
+    rows = {r["id"]: r for r in json.loads(proc.stdout)}
+    row = rows[MLA]
+    assert row["verdict"] == "patch" and row["engine_version"] == "0.5.23", row
+    assert row["upstream"].startswith("https://github.com/sgl-project/sglang/issues/40903")
+    assert row["affected_versions"] == ">=0.5.1" and row["fixed_in"].startswith("none")
+    assert "forward (line 209) returns FlashInfer's base-2 LSE" in row["reason"], row["reason"]
+    assert "flashfix's own fix: no SGLang release has one" in row["reason"], row["reason"]
     assert [s["file"] for s in row["sources"]][-1].endswith(MLA_FILE)
+    assert rows[CAP]["verdict"] == "known-unfixed", rows[CAP]
     text = doctor("--strict", "--path", str(site))
     assert text.returncode == 0
     lines = text.stdout.splitlines()
-    (at,) = [i for i, x in enumerate(lines) if x.startswith(MLA)]
+    (at,) = [i for i, x in enumerate(lines) if x.startswith(CAP)]
     row_text = "\n".join([lines[at]] + [x for x in lines[at + 1:at + 8] if x.startswith("      ")])  # a long reason: below
-    assert "known-unfixed" in lines[at] and "https://github.com/sgl-project/sglang/issues/40903" in row_text, row_text
+    assert "known-unfixed" in lines[at] and "https://github.com/sgl-project/sglang/pull/34093" in row_text, row_text
 
 
-@pytest.mark.parametrize("fix", ['lse_base="ln", ', "return_lse_base_on_e=True, ", None])
+@pytest.mark.parametrize("fix", ['lse_base="ln", ', "return_lse_base_on_e=True, ", "math.log(2)", None])
 def test_the_mla_row_follows_the_code_not_the_version(tmp_path, fix):
-    """0.5.23's own file, copied with its METADATA: with upstream's candidate fixes written into its
-    forward_return_lse call, the doctor no longer names it; unedited, it does."""
+    """0.5.23's own file, copied with its METADATA: with upstream's candidate fixes written into it (FlashInfer's
+    natural-log options in its forward_return_lse call, or sglang#35045's conversion by ln 2), the doctor reads
+    fixed-upstream and flashfix steps aside; unedited, it patches."""
     site = _site("sglang==0.5.23")
     text = (site / MLA_FILE).read_text()
     call = "            o = wrapper.forward_return_lse(\n"
     assert text.count(call) == 1
-    if fix is not None:
+    if fix == "math.log(2)":
+        end = text.index("        return o\n", text.index(call))
+        text = text[:end] + "        if isinstance(o, tuple):\n            o = (o[0], o[1] * math.log(2))\n" + text[end:]
+    elif fix is not None:
         start = text.index("causal=False,\n", text.index(call))
         text = text[:start] + fix + text[start:]
-        compile(text, MLA_FILE, "exec")
+    compile(text, MLA_FILE, "exec")
     (tmp_path / MLA_FILE).parent.mkdir(parents=True)
     (tmp_path / MLA_FILE).write_text(text)
     (tmp_path / "sglang-0.5.23.dist-info").mkdir()
@@ -71,8 +81,8 @@ def test_the_mla_row_follows_the_code_not_the_version(tmp_path, fix):
         (site / "sglang-0.5.23.dist-info" / "METADATA").read_text())
     proc = doctor("--json", "--path", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    rows = [r for r in json.loads(proc.stdout) if r["id"] == MLA]
-    assert len(rows) == (1 if fix is None else 0)
+    (row,) = [r for r in json.loads(proc.stdout) if r["id"] == MLA]
+    assert row["verdict"] == ("patch" if fix is None else "fixed-upstream"), row
 
 
 def test_no_vllm_release_reports_the_dropped_counter_row():
@@ -82,7 +92,7 @@ def test_no_vllm_release_reports_the_dropped_counter_row():
     site = _site("vllm==0.33.0")
     proc = doctor("--strict", "--json", "--path", str(site))
     assert proc.returncode == 0, proc.stderr
-    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] in (MLA, COUNTER)] == []
+    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] in (CAP, COUNTER)] == []
     code = '''
 import json, sys
 sys.path.insert(0, "scripts")
@@ -100,4 +110,4 @@ def test_status_does_not_list_known_fixes():
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     ids = json.loads(out.stdout)
-    assert "sglang-fp8-kv-scales" in ids and MLA not in ids and COUNTER not in ids
+    assert "sglang-fp8-kv-scales" in ids and MLA in ids and CAP not in ids and COUNTER not in ids

@@ -443,3 +443,36 @@ def test_sglang_merge_every_release_in_range_in_one_process(patch, since, below)
         if problems:
             bad[version] = problems
     assert not bad, bad
+
+
+MLA_CHUNK_TARGETS = ("sglang.srt.layers.attention.flashinfer_mla_backend",) + MERGE_TARGETS[1:]
+
+
+def test_sglang_mla_chunk_every_release_in_one_process():
+    """sglang-mla-chunked-prefix-lse-base on every final release from 0.5.1 (no release has the fix), loaded from
+    the wheel with the FlashInfer stand-in (a causal and a non-causal pass give different outputs and LSEs) and the
+    Triton merge's math in torch: FlashInferMhaChunkKVRunner.forward as patched gives merges that differ from the
+    released one's, for one and for four prefix chunks; without an LSE (no merge) both are bitwise equal, and
+    revert() restores the released output."""
+    trees = release_trees("sglang", MLA_CHUNK_TARGETS, "0.5.1", "99")
+    assert len(trees) >= 42, trees
+    patch = "sglang-mla-chunked-prefix-lse-base"
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch,
+                    "check": "sglang_mla_chunk", "kwargs": {"patch_id": patch}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    bad = {}
+    for version, _ in trees:
+        rows = out[version]["rows"]
+        problems = row_problems(rows)
+        merged = [r for r in rows if r["case"].startswith("cached prefix in")]
+        if [r["case"] for r in merged] != ["cached prefix in 1 chunk(s) + new tokens, merged",
+                                           "cached prefix in 4 chunk(s) + new tokens, merged"]:
+            problems.append("cases: %s" % [r["case"] for r in rows])
+        if any(r["bitwise_equal"] or r["error_pre_fix"] or r["error_flashfix"] for r in merged):
+            problems.append("the fix did not change the merge: %s" % merged)
+        if [r["case"] for r in rows if r.get("control")] != ["control: new tokens without LSE",
+                                                              "revert() restores the original output"]:
+            problems.append("controls: %s" % [r["case"] for r in rows])
+        if problems:
+            bad[version] = problems
+    assert not bad, bad

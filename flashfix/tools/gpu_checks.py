@@ -1,6 +1,6 @@
 """``flashfix verify``'s numeric checks, on a GPU: relative L2 error of the whole output against float64 computed
 from exactly the values the kernel reads; torch and FlashInfer are imported inside the functions. Each engine check
-(``sglang_fp8``, ``sglang_plan``, ``sglang_merge``, ``vllm_forward``, ``vllm_lse``) runs the engine's patched
+(``sglang_fp8``, ``sglang_plan``, ``sglang_merge``, ``sglang_mla_chunk``, ``vllm_forward``, ``vllm_lse``) runs the engine's patched
 functions (installed, or loaded by ``EngineModuleFinder`` with stand-in engine imports) and the code kept for
 ``revert`` on the same inputs, building only what the function reads; it counts the FlashInfer calls made from the
 engine's file (``Calls``) and fails a function that read a stand-in (``drive``). ``sink_sequence``: sink wrappers
@@ -480,6 +480,95 @@ def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8
                      [("%d query heads (within the limit)" % h, dict(h=h)) for h in heads[1:]])
     return _revert(patch_id, rows, head, lambda: _same(run(getattr(module, name) if name == "merge_state" else live),
                                                        released))
+
+
+# --- sglang-mla-chunked-prefix-lse-base: FlashInferMhaChunkKVRunner.forward and the chunk merge -----------
+MLA_REQUESTS = ((300, 64), (1000, 17), (4000, 128))  # (cached prefix, new tokens) per request
+
+
+def _engine_triton_merge():
+    """The engine's ``merge_state_triton`` (``MERGE_TRITON``: where the release has it), else None."""
+    for modname in MERGE_TRITON:
+        try:
+            merge = importlib.import_module(modname).merge_state_triton
+        except (ImportError, AttributeError):
+            continue
+        if not isinstance(merge, _StandIn):
+            return merge
+    return None
+
+
+def sglang_mla_chunk(patch_id, path=None, requests=MLA_REQUESTS, chunks=(1, 4), heads=16, seed=0, fi=None):
+    """SGLang's own ``FlashInferMhaChunkKVRunner.forward``, as released and patched, on DeepSeek's MLA prefill
+    shapes (MHA, qk 192, vo 128, bf16): the new tokens (ragged, causal, with LSE), then the cached prefix in
+    ``chunks[0]`` chunks, merged as ``_chunked_prefix_attn_mha`` merges (chunk first) with the engine's own Triton
+    merge (natural-log LSEs, as sgl_kernel's merge_state_v2), against float64; then per further chunk count, and
+    a control (new tokens without LSE: bitwise equal); then ``revert()``."""
+    import torch
+    if fi is not None:  # a CPU test: the Triton merge's math in torch, where the engine imports it from
+        for modname in MERGE_TRITON:
+            sys.modules[modname] = types.ModuleType(modname)
+            sys.modules[modname].merge_state_triton = _triton_merge_ln
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, ["forward"], fi, real=MERGE_TRITON)
+    if not pairs:
+        return rows
+    merge = _engine_triton_merge()
+    if merge is None:
+        return [dict(head, case="not run", error="the release has no merge_state_triton (%s)" % ", ".join(MERGE_TRITON))]
+    (live, original), = pairs
+    calls, bf16, gen = Calls(module.__file__), torch.bfloat16, torch.Generator(device=device).manual_seed(seed)
+    dk, dv, sm_scale = 192, 128, 192 ** -0.5
+    qo = torch.tensor([0, *itertools.accumulate(n for _, n in requests)], dtype=torch.int32)
+    q, k = (torch.randn(qo[-1], heads, dk, generator=gen, device=device).to(bf16) for _ in "qk")
+    v = torch.randn(qo[-1], heads, dv, generator=gen, device=device).to(bf16)
+    prefix = [(torch.randn(p, heads, dk, generator=gen, device=device).to(bf16),
+               torch.randn(p, heads, dv, generator=gen, device=device).to(bf16)) for p, _ in requests]
+    ragged = calls.watch("new tokens", fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa2"))
+    ragged.plan(qo, qo, heads, heads, dk, head_dim_vo=dv, causal=True, q_data_type=bf16)
+    planned = {}
+
+    def chunked(n):  # the prefix in n chunks per request: (wrapper, k, v) per chunk, planned as update_wrapper plans
+        if n not in planned:
+            planned[n] = []
+            for j in range(n):
+                parts = [(pk[p * j // n:p * (j + 1) // n], pv[p * j // n:p * (j + 1) // n])
+                         for (pk, pv), (p, _) in zip(prefix, requests)]
+                kv = torch.tensor([0, *itertools.accumulate(len(a) for a, _ in parts)], dtype=torch.int32)
+                w = calls.watch("chunk %d/%d" % (j + 1, n), fi.BatchPrefillWithRaggedKVCacheWrapper(
+                    _workspace(device), "NHD", backend="fa2"))
+                w.begin_forward(qo_indptr=qo, kv_indptr=kv, num_qo_heads=heads, num_kv_heads=heads, head_dim_qk=dk,
+                                head_dim_vo=dv, q_data_type=bf16, causal=False)
+                planned[n].append((w, torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])))
+        return planned[n]
+
+    runner = object.__new__(module.FlashInferMhaChunkKVRunner)
+    layer = types.SimpleNamespace(logit_cap=0.0, tp_q_head_num=heads, tp_k_head_num=heads, tp_v_head_num=heads,
+                                  head_dim=dk, v_head_dim=dv, scaling=sm_scale)
+
+    def run(func, n=chunks[0], lse=True):
+        runner.__dict__.update(ragged_wrapper=ragged, chunk_ragged_wrappers=[w for w, _, _ in chunked(n)])
+        batch = types.SimpleNamespace(attn_attend_prefix_cache=False, prefix_chunk_idx=-1, mha_return_lse=lse)
+        out, taken, error = drive(func, (runner, q, k, v, layer, batch), {}, calls)
+        if error or not lse:  # no merge: the output (0.5.1's runner returns an LSE all the same)
+            return out[0] if isinstance(out, tuple) else out, taken, error
+        acc, acc_lse = out
+        for j, (_, kc, vc) in enumerate(chunked(n)):
+            batch.attn_attend_prefix_cache, batch.prefix_chunk_idx = True, j
+            part, more, error = drive(func, (runner, q, kc, vc, layer, batch), {}, calls)
+            taken += more
+            if error:
+                return None, taken, error
+            acc, acc_lse = merge(part[0], part[1], acc, acc_lse)
+        return acc, taken, None
+
+    ref = _prefix_reference(q, k, v, qo, lambda i: (prefix[i][0].double(), prefix[i][1].double()), sm_scale)
+    base = dict(head, requests=[list(r) for r in requests], heads=heads, head_dim=[dk, dv])
+    released = _pair(rows, dict(base, case="cached prefix in %d chunk(s) + new tokens, merged" % chunks[0]), run,
+                     original, live, lambda o: rel_l2(o, ref), [("new tokens without LSE", dict(lse=False))])
+    for n in chunks[1:]:
+        _pair(rows, dict(base, case="cached prefix in %d chunk(s) + new tokens, merged" % n), run, original, live,
+              lambda o: rel_l2(o, ref), n=n)
+    return _revert(patch_id, rows, head, lambda: _same(run(live), released))
 
 
 # --- vLLM's FlashInferImpl.forward: sinks (with the builder's prefill-wrapper factory), FP8 KV sharing ---
