@@ -123,6 +123,15 @@ print("FLASHFIX_RESULT=" + json.dumps(out, default=repr))
 '''
 
 
+def sweep_check(trees, patch, check, top="sglang"):
+    """``{version: {"rows", "log"}}``: ``gpu_checks.<check>(patch_id=patch)`` on each release tree, in one
+    process of the SGLang 0.5.17 environment with the FlashInfer stand-in (``SWEEP``)."""
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": top, "patch": patch, "check": check,
+                    "kwargs": {"patch_id": patch}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    return out
+
+
 def release_trees(dist, targets, since, below):
     """``[(version, tree)]`` of every final release of ``dist`` from ``since`` below ``below``: a
     small tree holding those of the release's ``targets`` modules (a name or a tuple) it has, and
@@ -427,9 +436,7 @@ def test_sglang_merge_every_release_in_range_in_one_process(patch, since, below)
     fallback, given natural-log LSEs), below it the two are bitwise equal, and revert() restores it."""
     trees = release_trees("sglang", MERGE_TARGETS, since, below)
     assert len(trees) >= (29 if since == "0.5.1" else 13), trees
-    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch,
-                    "check": "sglang_merge", "kwargs": {"patch_id": patch}}
-    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    out = sweep_check(trees, patch, "sglang_merge")
     bad = {}
     for version, _ in trees:
         rows = out[version]["rows"]
@@ -457,9 +464,7 @@ def test_sglang_mla_chunk_every_release_in_one_process():
     trees = release_trees("sglang", MLA_CHUNK_TARGETS, "0.5.1", "99")
     assert len(trees) >= 42, trees
     patch = "sglang-mla-chunked-prefix-lse-base"
-    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch,
-                    "check": "sglang_mla_chunk", "kwargs": {"patch_id": patch}}
-    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    out = sweep_check(trees, patch, "sglang_mla_chunk")
     bad = {}
     for version, _ in trees:
         rows = out[version]["rows"]

@@ -417,6 +417,13 @@ def _triton_merge_ln(v_a, s_a, v_b, s_b, output=None, output_lse=None):
     return v.to(v_a.dtype), torch.log(w_a + w_b) + top
 
 
+def _torch_triton_merge():
+    """``_triton_merge_ln`` as ``merge_state_triton`` of every ``MERGE_TRITON`` module (CPU tests)."""
+    for modname in MERGE_TRITON:
+        sys.modules[modname] = types.ModuleType(modname)
+        sys.modules[modname].merge_state_triton = _triton_merge_ln
+
+
 def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8_REQUESTS, seed=0, fi=None):
     """SGLang's own merge of forward_extend's ragged (new tokens) and paged (cached prefix) outputs, as
     released and patched (0.5.1-0.5.12: the module's ``merge_state``; from 0.5.13: ``_safe_merge_state``),
@@ -426,9 +433,7 @@ def sglang_merge(patch_id, path=None, heads=(96, 64), head_dim=128, requests=FP8
     import torch
     name = "merge_state" if patch_id == "sglang-merge-state-launch-limit" else "_safe_merge_state"
     if fi is not None:  # a CPU test: the Triton merge's math in torch, where the engine imports it from
-        for modname in MERGE_TRITON:
-            sys.modules[modname] = types.ModuleType(modname)
-            sys.modules[modname].merge_state_triton = _triton_merge_ln
+        _torch_triton_merge()
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [name], fi, real=MERGE_TRITON)
     if not pairs:
         return rows
@@ -506,9 +511,7 @@ def sglang_mla_chunk(patch_id, path=None, requests=MLA_REQUESTS, chunks=(1, 4), 
     a control (new tokens without LSE: bitwise equal); then ``revert()``."""
     import torch
     if fi is not None:  # a CPU test: the Triton merge's math in torch, where the engine imports it from
-        for modname in MERGE_TRITON:
-            sys.modules[modname] = types.ModuleType(modname)
-            sys.modules[modname].merge_state_triton = _triton_merge_ln
+        _torch_triton_merge()
     module, rows, head, pairs, fi, device = _engine(patch_id, path, ["forward"], fi, real=MERGE_TRITON)
     if not pairs:
         return rows
