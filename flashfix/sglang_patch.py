@@ -557,3 +557,115 @@ MERGE_FALLBACK_LSE_BASE = Backport(
     Delete when: SGLang converts the LSE there (the probe then reads an unknown shape and leaves it).""")
 
 PATCHES += (MERGE_STATE_LAUNCH_LIMIT, MERGE_FALLBACK_LSE_BASE)
+
+
+# --- sglang#20061: a piecewise-CUDA-graph extend over a cached prefix takes the paged path (fixed in 0.5.10) ---
+
+_PCG_RUNNER = "sglang.srt.model_executor.piecewise_cuda_graph_runner"
+_PCG_FLAG = []  # the release's is_in_piecewise_cuda_graph, once found
+
+
+def is_in_piecewise_cuda_graph():
+    """The release's own ``is_in_piecewise_cuda_graph()``: true while its PiecewiseCudaGraphRunner plans, captures
+    or replays a batch. It lives beside the ``enable_piecewise_cuda_graph`` the runner enters: in the runner's
+    module in 0.5.5.post1 and .post2, in sglang.srt.compilation.piecewise_context_manager from 0.5.5.post3."""
+    if not _PCG_FLAG:
+        import importlib
+        import sys
+
+        enable = importlib.import_module(_PCG_RUNNER).enable_piecewise_cuda_graph
+        _PCG_FLAG.append(getattr(sys.modules[enable.__module__], "is_in_piecewise_cuda_graph"))
+    return _PCG_FLAG[0]()
+
+
+def _graph_flag_module(runner):
+    """The module that defines the ``enable_piecewise_cuda_graph`` the runner module enters, or None."""
+    for node in runner.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "enable_piecewise_cuda_graph":
+            return _PCG_RUNNER
+        if isinstance(node, ast.ImportFrom) and not node.level and any(
+                a.name == "enable_piecewise_cuda_graph" and a.asname is None for a in node.names):
+            return node.module
+    return None
+
+
+def _planned_under_graph_flag(tree, func):
+    """The fix reads the runner's flag when the batch is planned: that says "inside the piecewise graph" only where
+    PiecewiseCudaGraphRunner.replay plans the batch inside ``with enable_piecewise_cuda_graph()`` (0.5.5.post1 to
+    0.5.9). 0.5.4 to 0.5.5 plan it in ModelRunner.forward_extend, before the runner is entered, with no flag."""
+    runner = _source.module_ast(_PCG_RUNNER)
+    if runner is _source.SOURCELESS:
+        raise ShapeError("the source of %s is not available: cannot tell where a piecewise-graph batch is planned"
+                         % _PCG_RUNNER)
+    replay = _source.find_def(runner, "PiecewiseCudaGraphRunner.replay") if runner is not None else None
+    if replay is None:
+        return Shape(ABSENT, "no piecewise CUDA graph runner (%s.PiecewiseCudaGraphRunner.replay): no extend runs "
+                             "inside a piecewise graph" % _PCG_RUNNER)
+    flagged = [w for w in ast.walk(replay) if isinstance(w, ast.With) and any(
+        isinstance(i.context_expr, ast.Call) and ast.unparse(i.context_expr.func) == "enable_piecewise_cuda_graph"
+        for i in w.items)]
+    if not (flagged and find(pattern("$_.init_forward_metadata($$$_)"), flagged)):
+        return Shape(ABSENT, "PiecewiseCudaGraphRunner.replay plans no batch inside `with enable_piecewise_cuda_graph()` "
+                             "(0.5.4 to 0.5.5 plan it before the runner, with no flag to read): the bug is there, not "
+                             "carried (known-unfixed sglang-piecewise-graph-ragged-prefix-unflagged)")
+    where = _graph_flag_module(runner)
+    if where is None or not _source.binds(where, "is_in_piecewise_cuda_graph"):
+        raise ShapeError("PiecewiseCudaGraphRunner.replay plans inside enable_piecewise_cuda_graph(), but %s" % (
+            "%s does not define is_in_piecewise_cuda_graph beside it" % where if where else
+            "%s neither defines nor imports enable_piecewise_cuda_graph by that name" % _PCG_RUNNER))
+    return {}
+
+
+# Open above, as sglang-cross-attn-decode-plan-lens: a later build without the fix, planned under the same flag, gets
+# it too; 0.5.10 on read fixed-upstream.
+PIECEWISE_GRAPH_PAGED_PREFILL = Backport(
+    id="sglang-piecewise-graph-paged-prefill", engine="sglang", versions=">=0.5.5.post1", fixed_in="0.5.10",
+    upstream="https://github.com/sgl-project/sglang/issues/20061 (fixed in v0.5.9...v0.5.10, PR not identified; "
+             "the qo_indptr padding of the same release is #21452)",
+    module=_BACKEND, function="FlashInferAttnBackend.init_forward_metadata", context=_planned_under_graph_flag,
+    inside="use_ragged = $_", before="not self.enable_deterministic",
+    after="not self.enable_deterministic and not is_in_piecewise_cuda_graph()",
+    needs={"is_in_piecewise_cuda_graph": "flashfix.sglang_patch"},
+    fixed_if=("is_in_piecewise_cuda_graph()", "is_in_tc_piecewise_cuda_graph()"),
+    fixed="{name} takes the paged prefill inside a piecewise CUDA graph (`{form}`)",
+    buggy="{name} (line {line}) plans a piecewise-CUDA-graph extend on the ragged + paged split",
+    summary="piecewise CUDA graph + prefix cache on the FlashInfer backend: an extend planned inside the piecewise "
+            "graph takes the paged prefill, not the ragged + paged split",
+    doc="""Why: with the piecewise CUDA graph (--enable-piecewise-cuda-graph; on by default from 0.5.6
+    unless --disable-piecewise-cuda-graph) and the radix cache, an extend over a cached prefix that the
+    piecewise runner replays gives wrong output on the FlashInfer backend (sglang#20061, reported on
+    0.5.5 to 0.5.9). The runner pads the batch's tokens to the captured size and plans it with the real
+    batch, and FlashInferAttnBackend.init_forward_metadata chooses the ragged + paged split (new tokens
+    ragged, prefix paged, merged); the FlashInfer-MLA backend already refuses that split there
+    ("Piecewise cuda graph should use paged prefill to be compatible with prefix cache").
+    How: as upstream, ``use_ragged`` is also false while ``is_in_piecewise_cuda_graph()``: the batch
+    writes its new K/V to the cache first and reads prefix and new tokens in one paged pass. The flag
+    is the release's own, wherever it defines it (``is_in_piecewise_cuda_graph`` of this module: the
+    runner's module in 0.5.5.post1/.post2, piecewise_context_manager from 0.5.5.post3), set on the
+    backend module as a global. Outside the piecewise graph (eager extends, batches above the largest
+    captured size) nothing changes. Not carried: 0.5.10's dummy request that pads qo_indptr/kv_indptr
+    to the captured size (#21452) and the runner change that hands call_begin_forward that size
+    (ForwardContext.num_tokens, first in 0.5.10). Only FlashInfer 0.6.7 and newer need it: their
+    prefill run() rejects q.shape[0] != qo_indptr[-1]. These releases pin FlashInfer 0.5.0 to 0.6.3,
+    which compute the real rows and leave the padded ones unwritten, as the ragged run does; under
+    0.6.7 or newer a padded batch is rejected with or without this patch (the ragged run checks too).
+    Affected: 0.5.5.post1 to 0.5.9 (0.5.4 to 0.5.5 too, with no flag to read: see
+    _planned_under_graph_flag; 0.5.10 on read ``is_in_piecewise_cuda_graph()``, from 0.5.14
+    ``is_in_tc_piecewise_cuda_graph()``).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.10.""")
+
+PATCHES += (PIECEWISE_GRAPH_PAGED_PREFILL,)
+KNOWN += (Known(
+    id="sglang-piecewise-graph-ragged-prefix-unflagged", engine="sglang", versions=">=0.5.4,<0.5.5.post1",
+    upstream="https://github.com/sgl-project/sglang/issues/20061",
+    shape=Rule(_BACKEND, "FlashInferAttnBackend.init_forward_metadata", inside="use_ragged = $_",
+               before="not self.enable_deterministic",
+               after="not self.enable_deterministic and not is_in_piecewise_cuda_graph()",
+               fixed_if=("is_in_piecewise_cuda_graph()", "is_in_tc_piecewise_cuda_graph()")),
+    summary="piecewise CUDA graph (--enable-piecewise-cuda-graph) + prefix cache on the FlashInfer backend: an extend "
+            "over a cached prefix run in the piecewise graph takes the ragged + paged split (wrong output, sglang#20061)",
+    why_not="the fix reads is_in_piecewise_cuda_graph() when the batch is planned; these releases have no such flag "
+            "and plan the batch in ModelRunner.forward_extend before the piecewise runner is chosen, so the backend "
+            "cannot tell a piecewise-graph batch from an eager one (carried from 0.5.5.post1 as "
+            "sglang-piecewise-graph-paged-prefill)"),)

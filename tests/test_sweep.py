@@ -91,11 +91,14 @@ MLA_PADDED = "sglang-mla-indptr-padded-batch"  # sglang#38590: carried from 0.5.
 # sglang#23993 (0.5.13), and its Triton fallback's LSE base (every release from 0.5.13: flashfix's own)
 MERGE_LIMIT, MERGE_BASE = "sglang-merge-state-launch-limit", "sglang-merge-state-fallback-lse-base"
 MLA_LSE = "sglang-mla-chunked-prefix-lse-base"  # sglang#40903: every release (flashfix's own, no release has it)
+PCG = "sglang-piecewise-graph-paged-prefill"  # sglang#20061: carried from 0.5.5.post1 (the in-graph flag), fixed in 0.5.10
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[MERGE_LIMIT] = "patch" if Version(_version) < Version("0.5.13") else "fixed-upstream"
         _verdicts[MERGE_BASE] = "not-affected" if Version(_version) < Version("0.5.13") else "patch"
         _verdicts[MLA_LSE] = "patch"
+        _verdicts[PCG] = ("not-affected" if Version(_version) < Version("0.5.5.post1") else
+                          "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream")
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
         _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
         _verdicts[MLA_PADDED] = ("not-affected" if Version(_version) < Version("0.5.14") else
