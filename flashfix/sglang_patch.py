@@ -637,18 +637,16 @@ PIECEWISE_GRAPH_PAGED_PREFILL = Backport(
     0.5.5 to 0.5.9). The runner pads the batch's tokens to the captured size and plans it with the real
     batch, and FlashInferAttnBackend.init_forward_metadata chooses the ragged + paged split (new tokens
     ragged, prefix paged, merged); the FlashInfer-MLA backend already refuses that split there
-    ("Piecewise cuda graph should use paged prefill to be compatible with prefix cache").
+    (its comment: piecewise CUDA graphs need the paged prefill with a prefix cache).
     How: as upstream, ``use_ragged`` is also false while ``is_in_piecewise_cuda_graph()``: the batch
     writes its new K/V to the cache first and reads prefix and new tokens in one paged pass. The flag
     is the release's own, wherever it defines it (``is_in_piecewise_cuda_graph`` of this module: the
     runner's module in 0.5.5.post1/.post2, piecewise_context_manager from 0.5.5.post3), set on the
     backend module as a global. Outside the piecewise graph (eager extends, batches above the largest
-    captured size) nothing changes. Not carried: 0.5.10's dummy request that pads qo_indptr/kv_indptr
-    to the captured size (#21452) and the runner change that hands call_begin_forward that size
-    (ForwardContext.num_tokens, first in 0.5.10). Only FlashInfer 0.6.7 and newer need it: their
-    prefill run() rejects q.shape[0] != qo_indptr[-1]. These releases pin FlashInfer 0.5.0 to 0.6.3,
-    which compute the real rows and leave the padded ones unwritten, as the ragged run does; under
-    0.6.7 or newer a padded batch is rejected with or without this patch (the ragged run checks too).
+    captured size) nothing changes. Not carried: 0.5.10's dummy request padding qo_indptr/kv_indptr to
+    the captured size (#21452, with ForwardContext.num_tokens): only FlashInfer 0.6.7 and newer need it
+    (their run() rejects q.shape[0] != qo_indptr[-1], ragged or paged, with or without this patch);
+    these releases pin FlashInfer 0.5.0 to 0.6.3, which leave the padded rows unwritten.
     Affected: 0.5.5.post1 to 0.5.9 (0.5.4 to 0.5.5 too, with no flag to read: see
     _planned_under_graph_flag; 0.5.10 on read ``is_in_piecewise_cuda_graph()``, from 0.5.14
     ``is_in_tc_piecewise_cuda_graph()``).

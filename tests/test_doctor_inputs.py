@@ -75,8 +75,9 @@ def test_odd_metadata_reads_the_same_inside_and_through_python(tmp_path, case):
     assert inside.returncode == 0 and outside.returncode == 0, (inside.stderr, outside.stderr)
     rows = json.loads(inside.stdout)
     assert rows == json.loads(outside.stdout)
-    sglang = [r for r in rows if r["engine"] == "sglang" and r["verdict"] != "known-unfixed"]
-    assert len(sglang) == 13
+    sglang = [r for r in rows if r["engine"] == "sglang" and r["verdict"] != "known-unfixed"]  # named by version
+    assert [r["verdict"] for r in sglang] == [
+        v for v in vet_helpers.release_verdicts("sglang", "0.5.17") if v != "known-unfixed"], sglang
     from importlib.metadata import PathDistribution
 
     expected = PathDistribution(tmp_path / "shadow" / "sglang-0.5.17.dist-info").version
@@ -92,10 +93,13 @@ def test_invalid_version_gives_a_clean_verdict(tmp_path, version):
     proc = _run("doctor", "--json", python=_python(), env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
-    assert len(sglang) == 13 and all(r["engine_version"] == version for r in sglang), sglang
+    from flashfix.sglang_patch import PATCHES
+
+    assert [r["id"] for r in sglang] == [p.id for p in PATCHES], sglang  # every patch, no Known: in no range
+    assert all(r["engine_version"] == version for r in sglang), sglang
     fixed = {"sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices",
              "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens",
-             "sglang-merge-state-launch-limit"}  # fixed in 0.5.17's code: no version needed
+             "sglang-merge-state-launch-limit", "sglang-piecewise-graph-paged-prefill"}  # fixed in 0.5.17's code: no version needed
     absent = {"sglang-trtllm-fp8-moe-swiglu-limit"}  # 0.5.17's code has no such function: that needs no version either
     assert {r["id"]: r["verdict"] for r in sglang} == {r["id"]: "fixed-upstream" if r["id"] in fixed else
                                                        "not-affected" if r["id"] in absent else "unknown-shape"
@@ -246,8 +250,7 @@ def test_path_follows_a_setuptools_editable_finder(tmp_path):
     assert by_path.returncode == 0 and inside.returncode == 0, (by_path.stderr, inside.stderr)
     by_path, inside = json.loads(by_path.stdout), json.loads(inside.stdout)
     sglang = [r for r in by_path if r["engine"] == "sglang"]
-    assert [r["verdict"] for r in sglang] == ["patch"] * 3 + ["fixed-upstream"] * 3 + [
-        "patch", "not-affected", "fixed-upstream", "patch", "patch", "fixed-upstream", "patch"] + ["known-unfixed"] * 2, sglang
+    assert [r["verdict"] for r in sglang] == vet_helpers.release_verdicts("sglang", "0.5.17"), sglang
     assert vet_helpers.verdicts(by_path) == vet_helpers.verdicts(inside)
     assert vet_helpers.digests(by_path) == vet_helpers.digests(inside)
     module_files = [s["file"] for r in sglang for s in r["sources"] if "module" in s]
@@ -273,7 +276,9 @@ def test_path_never_calls_code_it_cannot_read_not_affected(tmp_path):
         assert proc.returncode == 0, proc.stderr
         sglang = [r for r in json.loads(proc.stdout) if r["engine"] == "sglang"]
         # the known, uncarried fix is named by version where its code cannot be read
-        assert [r["verdict"] for r in sglang] == ["unknown-shape"] * 13 + ["known-unfixed"] * 2, (where, sglang)
+        expected = vet_helpers.release_verdicts("sglang", "0.5.17")
+        assert [r["verdict"] for r in sglang] == [v if v == "known-unfixed" else "unknown-shape" for v in expected], (
+            where, sglang)
         assert _run("doctor", "--strict", "--path", where).returncode == 1
 
 

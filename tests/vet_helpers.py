@@ -173,3 +173,20 @@ def apply_unified_diff(original, hunks):
             i += 1
     new.extend(old[position:])
     return "".join(new)
+
+
+def release_verdicts(dist, version):
+    """What the doctor says of one release of ``dist``, in its row order: the committed sweep's verdict
+    of each patch (tests/test_sweep.py holds that table equal to a live sweep of the wheels), then
+    ``known-unfixed`` for each of the engine's ``Known`` entries whose range holds the version. Tests
+    of other ways in (``--path``, editable installs, odd metadata) compare against this, so a new
+    catalogue entry is counted once, in the sweep."""
+    import importlib
+
+    from packaging.specifiers import SpecifierSet
+
+    releases = json.loads((REPO / "benchmarks" / "results" / "sweep.json").read_text())["releases"]
+    (release,) = [r for r in releases if r["dist"] == dist and r["version"] == version]
+    known = importlib.import_module("flashfix.%s_patch" % dist).KNOWN
+    return [v["verdict"] for v in release["verdicts"].values()] + [
+        "known-unfixed" for k in known if k.engine == dist and SpecifierSet(k.versions).contains(version, prereleases=True)]
