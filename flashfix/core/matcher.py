@@ -421,6 +421,10 @@ class Rule:
         news = []
         for number, (node, b) in reversed(list(enumerate(found))):  # later statements of a block first
             new = build(self.after, dict(b, RAN=mark), at=node.body[0] if isinstance(node, Block) else node)
+            if isinstance(node, ast.stmt) and isinstance(new, ast.expr):  # a statement becomes a call (``after``
+                call, new = new, ast.copy_location(ast.Expr(new), node)    # parsed as an expression), spelled as it
+                if hasattr(call, "flashfix_text"):
+                    new.flashfix_text = call.flashfix_text
             _put(func_def, node, new)
             if not self.ran and number == 0 and mark is not None:  # None: a class body or module, no marker
                 _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
