@@ -550,3 +550,79 @@ MLA_PREFILL_BACKEND_PER_BUILDER = Backport(
     Delete when: flashfix no longer supports vLLM older than 0.25.0.""")
 
 PATCHES += (MLA_PREFILL_BACKEND_PER_BUILDER,)
+
+
+# --- MLA's absorbed weights keep their storage across a weight reload (vLLM PR #48251, 0.32.0) -----
+
+_MLA = "vllm.model_executor.layers.attention.mla_attention"
+_MLA_WEIGHTS = "MLAAttention.process_weights_after_loading"
+
+
+def keep_storage(layer, name, tensor):
+    """``layer.<name> = tensor``, as the release binds it, except on a reload: where a tensor of the same
+    shape, dtype and device is bound there already, ``tensor`` is copied into it, so that its storage,
+    which CUDA graphs captured before the reload read, holds the new weights (what vLLM's
+    ``replace_parameter(..., prefer_copy=True)`` does from 0.26.0)."""
+    import torch
+
+    old = getattr(layer, name, None)
+    if (isinstance(old, torch.Tensor) and old is not tensor and old.shape == tensor.shape
+            and old.dtype == tensor.dtype and old.device == tensor.device):
+        with torch.no_grad():
+            old.copy_(tensor)
+    else:
+        setattr(layer, name, tensor)
+
+
+def _qrep_weights(tree, func):
+    """The DCP query-replicated copy of W_UK_T is first made in 0.27.0."""
+    return {} if find(pattern("$_.W_UK_T_dcp_qrep"), [func]) else Shape(
+        ABSENT, "%s makes no DCP query-replicated W_UK_T (first in 0.27.0)" % _MLA_WEIGHTS)
+
+
+_RELOAD_WHY = """Why: MLAAttention.process_weights_after_loading derives %s from
+    kv_b_proj's weights and binds %s to a new tensor on every weight load. On a reload (RL weight sync,
+    ``reload_weights``) the CUDA graphs captured at start-up still read the first tensor's storage:
+    MLA models (DeepSeek V2/V3/R1, Kimi) decode with the first checkpoint's weights%s, silently wrong
+    until restart. The FP8 and other quantised checkpoints always hit it (dequantisation makes a new
+    tensor); bf16 ones where the reload does not write kv_b_proj in place.
+    How: as upstream's ``prefer_copy=True``, the new value is copied into the tensor already bound
+    where shape, dtype and device agree (``keep_storage``); the first load binds it as the release does.
+    No memory beyond the release's: it held one such tensor, and still holds one."""
+
+MLA_WEIGHTS_RELOAD = Backport(
+    id="vllm-mla-weights-reload", engine="vllm", versions=">=0.20", fixed_in="0.26.0",
+    upstream="https://github.com/vllm-project/vllm/pull/48251", module=_MLA, function=_MLA_WEIGHTS,
+    needs={"keep_storage": "flashfix.vllm_patch"},
+    before="$SELF.W_UV = $UV.transpose(0, 1)\n$SELF.W_UK_T = $UK.permute(1, 2, 0)",
+    after='keep_storage($SELF, "W_UV", $UV.transpose(0, 1))\nkeep_storage($SELF, "W_UK_T", $UK.permute(1, 2, 0))',
+    fixed_if=('replace_parameter($_, "W_UV", $_, **$$$_)', "keep_storage($_, \"W_UV\", $_)"),
+    fixed="{name} refreshes W_UV and W_UK_T in place on a reload (vLLM PR #48251 is in: `{form}`)",
+    buggy="{name} (line {line}) binds W_UV and W_UK_T to new tensors on every weight load",
+    summary="MLA: W_UV and W_UK_T are refreshed in place on a weight reload, so CUDA graphs captured before it "
+            "read the new weights",
+    doc=_RELOAD_WHY % ("W_UV and W_UK_T", "them", "") + """
+    Affected: 0.20.0 to 0.25.1 (0.26.0 calls replace_parameter(..., prefer_copy=True), vLLM #48251).
+
+    Delete when: flashfix no longer supports vLLM older than 0.26.0.""")
+
+MLA_QREP_WEIGHTS_RELOAD = Backport(
+    id="vllm-mla-dcp-qrep-weights-reload", engine="vllm", versions=">=0.27", fixed_in="0.32.0",
+    upstream="https://github.com/vllm-project/vllm/compare/v0.31.0...v0.32.0 (PR not identified; the same "
+             "prefer_copy as vLLM PR #48251)", module=_MLA, function=_MLA_WEIGHTS, context=_qrep_weights,
+    needs={"keep_storage": "flashfix.vllm_patch"},
+    before="$SELF.W_UK_T_dcp_qrep = $G.all_gather($$$A, **$$$KW)",
+    after='keep_storage($SELF, "W_UK_T_dcp_qrep", $G.all_gather($$$A, **$$$KW))',
+    fixed_if=('replace_parameter($_, "W_UK_T_dcp_qrep", $_, **$$$_)', "keep_storage($_, \"W_UK_T_dcp_qrep\", $_)"),
+    fixed="{name} refreshes W_UK_T_dcp_qrep in place on a reload (`{form}`)",
+    buggy="{name} (line {line}) binds W_UK_T_dcp_qrep to a new all-gathered tensor on every weight load",
+    summary="MLA with decode context parallelism and query replication: the all-gathered W_UK_T is refreshed in "
+            "place on a weight reload, so CUDA graphs captured before it read the new weights",
+    doc=_RELOAD_WHY % ("the DCP query-replicated W_UK_T_dcp_qrep (an all_gather of W_UK_T)", "it",
+                       " under DCP with query replication") + """
+    Affected: 0.27.0 (the first with W_UK_T_dcp_qrep) to 0.31.0 (0.32.0 calls replace_parameter on it).
+    W_UV and W_UK_T themselves are vllm-mla-weights-reload's (fixed in 0.26.0).
+
+    Delete when: flashfix no longer supports vLLM older than 0.32.0.""")
+
+PATCHES += (MLA_WEIGHTS_RELOAD, MLA_QREP_WEIGHTS_RELOAD)

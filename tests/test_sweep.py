@@ -109,6 +109,10 @@ for (_dist, _version), _verdicts in EXPECTED.items():
         _verdicts[WORKSPACE] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
         _verdicts[MLA_CLONE] = ("not-affected" if Version(_version) < Version("0.21") else
                                 "patch" if Version(_version) < Version("0.25") else "fixed-upstream")
+        # vLLM #48251 (W_UV/W_UK_T, fixed in 0.26.0) and its DCP twin (W_UK_T_dcp_qrep: 0.27.0 to 0.31.0)
+        _verdicts["vllm-mla-weights-reload"] = "patch" if Version(_version) < Version("0.26") else "fixed-upstream"
+        _verdicts["vllm-mla-dcp-qrep-weights-reload"] = ("not-affected" if Version(_version) < Version("0.27") else
+                                                         "patch" if Version(_version) < Version("0.32") else "fixed-upstream")
         # vLLM #42650: in 0.22.0, dropped again in 0.23.0 (#43241), restored in 0.25.0 (#47039)
         _verdicts[LAYER_HEADS] = ("fixed-upstream" if Version("0.22") <= Version(_version) < Version("0.23")
                                   or Version(_version) >= Version("0.25") else "patch")
