@@ -13,8 +13,10 @@ hunks (the probe, the runtime changes, the diff plan). A process imports it only
 #   function recompiled from its own source with its nodes replaced (``_registry.rewrite``; the
 #   text spells them as the pattern does, a one-time marker at ``$RAN`` or before the edited
 #   statement), or, for a class or the module (``function`` None), the changed statements run there
-#   and what they bind is set on it (``SetAttr``); the imported module is asked again for each name
-#   the new code reads, and refuses the patch whole with the probe's reason.
+#   and what they bind is set on it (``SetAttr``): inside a top-level ``if``/``try``/``with``, only
+#   they, where the statements next to them are bound to what they bind (else not-affected: the
+#   condition did not hold); the imported module is asked again for each name the new code reads,
+#   and refuses the patch whole with the probe's reason.
 # A fix that is not a code edit (flashinfer_patch: a per-process name table) is a plain ``Patch``
 # with its own ``probe``/``prepare``/``plan``. Matching uses the standard library's ``ast``
 # (ast-grep-py costs 12-15 ms and 5.4 MiB to import, libcst 250-320 ms and 19 MiB; the
@@ -624,7 +626,18 @@ class Declaration:
                     raise ShapeError("%s.%s is not found bound where the source defines it (line %d, outside any "
                                      "condition) after %s ran" % (getattr(owner, "__name__", owner), unbound[0],
                                                                   t.lineno, target.__name__))
-            code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched)[1]
+            held = []  # the statements next to the change under a condition: bound to what they bind if it held
+            code = _body(_source.module_ast(modname, modules), node, edit, touches=lambda _: touched, held=held)[1]
+            for statement, condition in held:
+                for name, value in _would_bind(statement, vars(target), dict(vars(owner))).items():
+                    bound = vars(owner).get(_registry.mangled(cls, name), _MISSING)
+                    if not _same(bound, value):
+                        raise NotBound("%s.%s is %s in this process (bound at line %d under a condition, line %d, that "
+                                       "did not hold when %s ran%s)" % (
+                                           getattr(owner, "__name__", owner), _registry.mangled(cls, name),
+                                           "not bound" if bound is _MISSING else "bound to something else",
+                                           statement.lineno, condition.lineno, target.__name__,
+                                           "" if bound is _MISSING else ", or later code rebound it"))
             needed = {a.name: a.value for a in needed_globals(target, names, self.needs)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
             exec(code, vars(target), space)
@@ -744,45 +757,132 @@ def _spelled(statement):
             getattr(n, "names", None) if isinstance(n, (ast.Global, ast.Nonlocal)) else ())
 
 
-def _body(tree, node, edit, runs=True, touches=None):
+_HELD = ("body", "orelse", "finalbody", "handlers", "cases")  # the fields of what a compound statement holds
+
+
+def _inner(old, new):
+    """``(old block, new block)``: the one list of statements in which compound statement ``new`` differs from
+    ``old`` (of its type, the rest of it the same), else None."""
+    from flashfix.core.render import equal
+
+    parts = [[s] + getattr(s, "handlers", []) + getattr(s, "cases", []) for s in (old, new)]
+    if type(old) is not type(new) or not isinstance(old, _COMPOUND) or len(parts[0]) != len(parts[1]) or not all(
+            equal(getattr(a, f, None), getattr(b, f, None)) for a, b in zip(*parts) for f in a._fields
+            if f not in _HELD):
+        return None
+    changed = [(getattr(a, f), getattr(b, f)) for a, b in zip(*parts) for f in _HELD[:3]
+               if isinstance(getattr(a, f, None), list) and not equal(getattr(a, f), getattr(b, f))]
+    return changed[0] if len(changed) == 1 else None
+
+
+_PLAIN = (ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp,
+          ast.USub, ast.UAdd)  # what an expression read again without effects is made of
+
+
+def _tells(statement):
+    """Does what ``statement`` binds tell whether it ran: an import (not ``*``), or an assignment to names of an
+    expression of constants, names and attributes (read again by ``_would_bind``)?"""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return all(a.name != "*" for a in statement.names)
+    targets = getattr(statement, "targets", [getattr(statement, "target", None)])
+    return isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None and all(
+        isinstance(t, ast.Name) for t in targets) and all(isinstance(n, _PLAIN) for n in walk(statement.value))
+
+
+def _would_bind(statement, space, local):
+    """``{name: value}``: what ``_tells``'s ``statement`` binds were it run now with globals ``space`` (and
+    ``local``), read without running it: an import's names as ``sys.modules`` holds them (nothing is imported)."""
+    if isinstance(statement, (ast.Assign, ast.AnnAssign)):
+        try:
+            value = eval(compile(ast.Expression(statement.value), "<flashfix>", "eval"), space, local)
+        except Exception as exc:
+            raise ShapeError("whether line %d ran cannot be told: reading its value raises %r" % (
+                statement.lineno, exc)) from None
+        return dict.fromkeys(_bound_names(statement), value)
+    if isinstance(statement, ast.Import):
+        return {a.asname or a.name.split(".")[0]: sys.modules.get(a.name if a.asname else a.name.split(".")[0],
+                                                                  _MISSING) for a in statement.names}
+    from importlib.util import resolve_name
+
+    try:
+        base = sys.modules.get(resolve_name("." * statement.level + (statement.module or ""), space.get("__package__")))
+    except (ImportError, ValueError):  # a relative import outside a package
+        base = None
+    return {a.asname or a.name: getattr(base, a.name, _MISSING) for a in statement.names}
+
+
+_MISSING = object()  # what a name not bound is read as (``_would_bind``, ``Declaration.prepare``)
+
+
+def _same(x, y):
+    try:
+        return x is y or type(x) is type(y) and bool(x == y)
+    except Exception:  # an array's ``==``...
+        return False
+
+
+def _body(tree, node, edit, runs=True, touches=None, held=None):
     """``(Rendered, code)``: the statements of a class body or module top level ``node`` (of ``tree``) that
-    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text).
-    ``touches(node)``: the nodes ``edit`` replaces, so that only they are copied and the statements around
-    them keep the file's own spelling."""
+    ``edit`` changes, as ``flashfix diff`` prints them and the runtime runs them (compiled from that text): inside a
+    compound statement (``if``, ``try``, ``with``...) that changes in one of its blocks alone, only what changes
+    there. ``touches(node)``: the nodes ``edit`` replaces, so that only they are copied and the statements around
+    them keep the file's own spelling. ``held`` (a list): given ``(statement, compound statement)`` for each
+    statement next to a change under a condition whose names tell whether it ran (``_tells``)."""
     import difflib
 
     from flashfix.core import render as _render
 
     node.body  # noqa: B018  (a module read in pieces parses whole now: what edit finds is then in it)
     edited = copy.deepcopy(node) if touches is None else _source.copy_paths(node, touches(node))
-    lines, old, versions = _render._lines(tree.flashfix_text), node.body, (_render.MARKED, _render.PLAIN)
+    lines, versions, where = _render._lines(tree.flashfix_text), (_render.MARKED, _render.PLAIN), (
+        getattr(node, "name", None) or tree.flashfix_origin)
     edit(edited, None)
-    changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in n.body] for n in (node, edited)], False)
-               .get_opcodes() if o[0] != "equal"]
-    if len(changed) != 1 or runs and changed[0][0] == "delete":
-        raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
-                         % (getattr(node, "name", None) or tree.flashfix_origin))
-    _, i, j, k, m = changed[0]
-    private = next((w for s in edited.body[k:m] for w in _spelled(s) if _registry.mangled(node.name, w) != w), None) if (
+    old, new, path = node.body, edited.body, []
+    while True:  # down into the one block of a compound statement that changes (its header the same)
+        changed = [o for o in difflib.SequenceMatcher(None, *[[ast.dump(s) for s in b] for b in (old, new)], False)
+                   .get_opcodes() if o[0] != "equal"]
+        if len(changed) != 1 or runs and changed[0][0] == "delete":
+            raise ShapeError("%s: a backport of a class body or module top level adds or changes one run of statements"
+                             % where)
+        _, i, j, k, m = changed[0]
+        inner = _inner(old[i], new[k]) if j - i == m - k == 1 else None
+        if inner is None:
+            break
+        path.append(old[i])
+        old, new = inner
+    # what tells whether the change's block ran: the statements it replaces, else those next to it
+    tells = [s for s in old[i:j] if _tells(s)] or [s for s in old[max(i - 1, 0):i] + old[j:j + 1] if _tells(s)]
+    loop, line = next((s for s in path if isinstance(s, (ast.For, ast.AsyncFor, ast.While))), None), old[
+        min(i, len(old) - 1)].lineno
+    if runs and loop is not None:
+        raise ShapeError("line %d of %s runs in a loop (line %d): a backport of a class body or module top level runs "
+                         "its new statements once" % (line, where, loop.lineno))
+    if runs and path and not tells:
+        raise ShapeError("line %d of %s is under a condition (line %d), and no statement next to it tells whether it "
+                         "ran (an import, or an assignment of constants, names and attributes, does)" % (
+                             line, where, path[-1].lineno))
+    if path and held is not None:
+        held += [(s, path[-1]) for s in tells]
+    private = next((w for s in new[k:m] for w in _spelled(s) if _registry.mangled(node.name, w) != w), None) if (
         isinstance(node, ast.ClassDef)) else None
     if private is not None:  # compiled outside the class, as the runtime runs them, they would not be mangled
         raise ShapeError("the new statements of class %s spell the private name %s, which Python mangles in a class "
                          "body: a backport of a class body may not spell one" % (node.name, private))
     start = _render._first_line(old[i]) if i < len(old) else old[-1].end_lineno + 1
     text = None
-    if j - i == m - k == 1 and type(old[i]) is type(edited.body[k]):  # one statement changed inside (an ``if`` block):
+    if j - i == m - k == 1 and type(old[i]) is type(new[k]):  # one statement changed inside:
         try:  # only what changed is respelled, the rest is the file's text (checked below, as the fallback is)
             writer = _render.Writer(lines, marked=False)
-            writer.diff(old[i], edited.body[k], top=True)
+            writer.diff(old[i], new[k], top=True)
             text = writer.text(start, old[i].end_lineno)[0]
-            text = text if _render.parses_as(textwrap.dedent(text), edited.body[k]) else None
+            text = text if _render.parses_as(textwrap.dedent(text), new[k]) else None
         except Exception:
             text = None
     if text is None:
-        text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in edited.body[k:m]),
+        text = textwrap.indent("".join(_render.Writer(lines, marked=False).spell(s) + "\n" for s in new[k:m]),
                                lines[old[0].lineno - 1][:old[0].col_offset])  # the pattern's text, bindings the engine's
     parsed = ast.parse(textwrap.dedent(text))
-    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in edited.body[k:m]]:
+    if [ast.dump(s) for s in parsed.body] != [ast.dump(s) for s in new[k:m]]:
         raise ShapeError("the new statements of %s cannot be written back as source" % tree.flashfix_origin)
     rendered = _render.Rendered(tree.flashfix_origin, start, "".join(lines[start - 1:old[j - 1].end_lineno if j > i else 0]),
                                 dict.fromkeys(versions, text), dict.fromkeys(versions, ()), ())
