@@ -667,3 +667,37 @@ KNOWN += (Known(
             "and plan the batch in ModelRunner.forward_extend before the piecewise runner is chosen, so the backend "
             "cannot tell a piecewise-graph batch from an eager one (carried from 0.5.5.post1 as "
             "sglang-piecewise-graph-paged-prefill)"),)
+
+
+# --- sglang#32625, the Triton half: decode buffers sized for the largest per-layer head count (0.5.17) ---
+
+_TRITON = "sglang.srt.layers.attention.triton_backend"
+_TRITON_HEADS = dict(_PLAN_HEADS, inside="self.num_head = $_",
+                     fixed="{name} sizes its buffers for the largest per-layer head count (`{form}`)",
+                     buggy="{name} (line {line}) sizes the decode buffers for {MC}.num_attention_heads query heads")
+
+TRITON_PER_LAYER_HEADS = Backport(
+    id="sglang-triton-per-layer-heads-buffers", engine="sglang", versions=">=0.5.1", fixed_in="0.5.17",
+    upstream="https://github.com/sgl-project/sglang/pull/32625",
+    hunks=(Rule(_TRITON, "TritonAttnBackend.__init__", **_TRITON_HEADS),
+           Rule(_TRITON, "TritonMultiStepDraftBackend.__init__", **_TRITON_HEADS)),
+    summary="Triton attention backend: the split-KV decode buffers (attn_logits, attn_lse) are sized for the "
+            "largest per-layer query-head count, so a wider layer's decode no longer writes past them",
+    memory="attn_logits and attn_lse (eager and CUDA-graph) grow by the largest per-layer head count over the "
+           "model-wide one: (max_bs or max_num_tokens) x heads x max_kv_splits x (v_head_dim + 1) x 4 B; a model "
+           "without per-layer head counts is unchanged",
+    doc="""Why: the Triton backend sizes its split-KV decode scratch (attn_logits, attn_lse, their
+    CUDA-graph copies) for ``model_config.num_attention_heads // tp`` heads, while each layer's
+    decode kernel writes one row per head of that layer. A model whose layers differ in head count
+    (``hf_text_config.num_attention_heads_per_layer``: Laguna from 0.5.13) writes its wider layers
+    past the buffers: out-of-bounds writes, corrupted output or a crash, on --attention-backend
+    triton (and the Triton draft backend). The FlashInfer half of the same PR is
+    sglang-per-layer-heads-plan.
+    How: as there, the backend and its draft backend take the largest per-layer count (0.5.17's
+    ModelConfig.get_max_num_attention_heads, written inline); a model without per-layer counts is
+    sized exactly as before.
+    Affected: 0.5.1 to 0.5.16 have the code (0.5.13 to 0.5.16 ship a model that reaches it).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.17.""")
+
+PATCHES += (TRITON_PER_LAYER_HEADS,)

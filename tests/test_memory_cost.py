@@ -11,7 +11,8 @@ import engine_env
 from conftest import REPO
 
 DRAFT, MLA_DRAFT, FP8 = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices", "sglang-fp8-kv-scales"
-MEMORY_IDS = {DRAFT, MLA_DRAFT, "vllm-prefill-workspace-size", "vllm-mla-prefill-backend-per-builder"}
+MEMORY_IDS = {DRAFT, MLA_DRAFT, "vllm-prefill-workspace-size", "vllm-mla-prefill-backend-per-builder",
+              "sglang-triton-per-layer-heads-buffers"}
 
 RUNTIME = r'''
 import json, flashfix
