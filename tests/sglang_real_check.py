@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import sglang.srt.configs.model_config as model_config  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_backend as flashinfer_backend  # noqa: E402
 import sglang.srt.layers.attention.flashinfer_mla_backend as flashinfer_mla_backend  # noqa: E402
+import sglang.srt.layers.attention.triton_backend  # noqa: E402,F401  (sglang-triton-per-layer-heads-buffers)
 import sglang.srt.model_executor.model_runner  # noqa: E402,F401
 try:  # the MoE clamp fix's target (sglang-trtllm-fp8-moe-swiglu-limit): decided here like the others
     import sglang.srt.layers.quantization.fp8 as quant_fp8  # noqa: E402

@@ -57,6 +57,8 @@ for _release, _verdicts in EXPECTED.items():
     _verdicts[MERGE_BASE] = "not-affected" if _release == "0.5.11" else "patch"
     _verdicts["sglang-mla-chunked-prefix-lse-base"] = "patch"  # sglang#40903: no release has the fix
     _verdicts["sglang-piecewise-graph-paged-prefill"] = "fixed-upstream"  # sglang#20061, fixed in 0.5.10
+    _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
+        "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")
 # What they change exists only where FlashInfer is available (``if is_flashinfer_available():``), which a CPU
 # process is not: there the runtime reads not-affected, nothing bound to change (tests/test_merge_state_heads.py
 # applies them with FlashInfer's module imported).
