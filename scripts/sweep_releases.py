@@ -266,16 +266,19 @@ def judge_archive(archive, label, dist):
     ``archive``, as ``flashfix doctor`` would judge it installed."""
     reader = _paths.ZipReader(archive, label)
     verdicts, claims = {}, {}  # claims: one patch per function, as the doctor and the runtime judge
+    shown = [p.id for p in patches_of(dist)]
+    judged = [p for p in _registry.load_all() if canonicalize_name(p.engine) == canonicalize_name(dist)] if (
+        _only_packs) else patches_of(dist)  # --pack: flashfix's own first, as installed (a fix they make: covered)
     with _locate.reading(reader):
         version = reader.version(dist)
-        for patch in patches_of(dist):
+        for patch in judged:
             try:
                 targets = _registry.targets_of(patch)
             except Exception as exc:
                 verdicts[patch.id] = ("unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
                 continue
             verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version, claims)
-    return version, verdicts
+    return version, {i: verdicts[i] for i in shown}
 
 
 def sweep_one(dist, version, wheel, yanked):

@@ -596,12 +596,47 @@ def judge(patch, trees, version, claims=None, shape=None):
                     ", ".join(d for d, _ in depends), "; ".join(text for _, text in depends), shape.reason))
             taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
             if taken:
+                made = covered_by(patch, taken[0][2], trees)
+                if made is not None:
+                    return "covered", "%s.%s is rewritten by %s, judged first, and that makes this fix: %s" % (
+                        taken[0] + (made,))
                 return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]
             claims is None or claims.update(dict.fromkeys(shape.functions, patch.id))
             return "patch", shape.reason
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason
+
+
+def covered_by(patch, holder_id, trees=None):
+    """The reason ``patch``'s probe reads its fix as made (``fixed-upstream``) in the code that the patch
+    ``holder_id`` leaves, judged on copies of the source (``trees``, else read) with the holder's edit made;
+    None where it does not, or where that cannot be told (the holder changes no function, or fails)."""
+    import ast
+    import copy
+
+    holder, copies = _patches.get(holder_id), {}
+    rule = getattr(holder, "rule", None)
+
+    def tree_of(modname):
+        if modname not in copies:
+            tree = trees[modname] if trees and modname in trees else _source.module_ast(modname)
+            copies[modname] = copy.deepcopy(tree) if isinstance(tree, ast.AST) else tree
+        return copies[modname]
+
+    try:
+        made, located, given = rule.shape(tree_of)
+        if made.kind != BUGGY or not all(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for *_, f in located):
+            return None
+        for hunk, _, _, func in located:
+            hunk.edit(func, None, given=given)
+        for modname in targets_of(patch):
+            tree_of(modname)
+        after = patch.probe(copies)
+    except Exception as exc:  # a holder that is no declaration, or code the probe trips over: not covered
+        log.debug("%s: whether %s makes its fix cannot be told: %r", patch.id, holder_id, exc)
+        return None
+    return after.reason if after.kind == FIXED else None
 
 
 def shape_of(patch, trees, version):
