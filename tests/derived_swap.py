@@ -19,6 +19,13 @@ def replaced_in_def(text, qualname, old, new):
     return "".join(lines[:func.lineno - 1]) + body.replace(old, new) + "".join(lines[func.end_lineno:])
 
 
+def turned_back(text, qualname, spellings):
+    """``replaced_in_def`` for each ``(fixed, pre-fix)`` pair of ``spellings``, in order."""
+    for old, new in spellings:
+        text = replaced_in_def(text, qualname, old, new)
+    return text
+
+
 def pre_fix_and_patched(func, derived, rule, cases):
     """``(cases() on ``derived``'s body, cases() on it once ``rule`` edited it)``, ``func`` restored after each."""
     def run(edit_too):

@@ -36,16 +36,14 @@ RELATIVE = "vllm/model_executor/layers/attention/mla_attention.py"
 RELEASES = ("0.27.1", "0.30.0")
 
 
-DERIVE = """
+QUALNAME = WEIGHTS.rule.hunks[0].function
+# #48251 turned back (0.25.1's plain re-binding): (fixed spelling, pre-fix spelling)
+SPELLINGS = [('replace_parameter(self, "%s", %s, prefer_copy=True)' % (name, value), "self.%s = %s" % (name, value))
+             for name, value in (("W_UV", "W_UV.transpose(0, 1)"), ("W_UK_T", "W_UK.permute(1, 2, 0)"))]
+
+
 def derive(text):
-    "The module with #48251 turned back in the function (0.25.1's plain re-binding)."
-    for name, value in (("W_UV", "W_UV.transpose(0, 1)"), ("W_UK_T", "W_UK.permute(1, 2, 0)")):
-        text = derived_swap.replaced_in_def(text, "MLAAttention.process_weights_after_loading",
-                                            'replace_parameter(self, "%s", %s, prefer_copy=True)' % (name, value),
-                                            "self.%s = %s" % (name, value))
-    return text
-"""
-exec(DERIVE)
+    return derived_swap.turned_back(text, QUALNAME, SPELLINGS)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -67,7 +65,6 @@ import torch
 import flashfix
 from flashfix import vllm_patch
 from flashfix.core import source as _source
-%s
 import vllm.model_executor.layers.attention.mla_attention as m
 
 L, N, P, V = 16, 4, 8, 8  # kv_lora_rank, heads, qk_nope_head_dim, v_head_dim
@@ -98,7 +95,7 @@ out = {"state": {i: rows[i] for i in (vllm_patch.MLA_WEIGHTS_RELOAD.id, vllm_pat
 flashfix.revert(vllm_patch.MLA_QREP_WEIGHTS_RELOAD.id)
 out["released"] = reload()
 out["reverted_state"] = next(r["state"] for r in flashfix.status() if r["id"] == vllm_patch.MLA_QREP_WEIGHTS_RELOAD.id)
-derived = _source.find_def(ast.parse(derive(open(m.__file__).read())), "MLAAttention.process_weights_after_loading")
+derived = _source.find_def(ast.parse(derived_swap.turned_back(open(m.__file__).read(), %r, %r)), %r)
 m.keep_storage = vllm_patch.keep_storage  # the global the declaration's needs adds
 out["derived"], out["derived_patched"] = derived_swap.pre_fix_and_patched(
     FUNC, derived, vllm_patch.MLA_WEIGHTS_RELOAD.rule.hunks[0], reload)
@@ -111,7 +108,7 @@ other = torch.ones(3, 2)  # another shape: bound as the release binds it
 vllm_patch.keep_storage(layer, "w", other)
 out["keep_storage"] = [bound_first, copied, layer.w is other]
 print("FLASHFIX_RESULT=" + json.dumps(out), flush=True)
-""" % (str(TESTS), DERIVE)
+""" % (str(TESTS), QUALNAME, SPELLINGS, QUALNAME)
 
 
 @functools.lru_cache(maxsize=None)
