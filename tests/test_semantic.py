@@ -59,6 +59,9 @@ def test_keywords_match_by_name_in_any_order():
     ok, b = bindings("f(a=$A, **$$$KW)", "f(c=3, a=1, b=2)")
     assert ok and b == {"A": "1", "KW": "c=3, b=2"}
     assert bindings("f(**$$$KW)", "f(**extra)")[0] is False  # what **kwargs holds cannot be told
+    ok, b = bindings("f(a=$A, **$$$KW, **$$$SPLAT)", "f(a=1, b=2, **extra)")  # unless a second rest passes it on
+    assert ok and b == {"A": "1", "KW": "b=2", "SPLAT": "**extra"}
+    assert bindings("f(**$$$KW, **$$$SPLAT)", "f(b=2)") == (True, {"KW": "b=2", "SPLAT": ""})
     assert bindings("f(a=$A)", "f(b=1)")[0] is False
 
 

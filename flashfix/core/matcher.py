@@ -121,17 +121,19 @@ def _match_list(ps, ts, b):
 
 
 def _match_call(p, t, b):
-    given = {kw.arg: kw for kw in t.keywords}  # None in it: the code passes **kwargs, what it passes cannot be told
-    if None in given or not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
+    given = {kw.arg: kw for kw in t.keywords}  # None in it: the code passes **kwargs, what it passes cannot be told,
+    rests = [m for m in (_meta(kw, MANY) for kw in p.keywords if kw.arg is None) if m is not None]
+    splat = rests[1] if len(rests) > 1 else None  # unless a second ``**$$$X`` takes it, to pass it on as it is
+    if None in given and splat is None or not match(p.func, t.func, b) or not _match_list(p.args, t.args, b):
         return False
-    rest = None
     for kw in p.keywords:
-        if kw.arg is None:
-            rest = _meta(kw, MANY)
-        elif kw.arg not in given or not match(kw.value, given[kw.arg].value, b):
+        if kw.arg is not None and (kw.arg not in given or not match(kw.value, given[kw.arg].value, b)):
             return False
-    extra = [kw for kw in t.keywords if kw.arg not in {k.arg for k in p.keywords}]
-    return _bind(rest, extra, b) if rest is not None else not extra
+    named = {k.arg for k in p.keywords if k.arg is not None}
+    extra = [kw for kw in t.keywords if kw.arg is not None and kw.arg not in named]
+    if not (_bind(rests[0], extra, b) if rests else not extra):
+        return False
+    return splat is None or _bind(splat, [kw for kw in t.keywords if kw.arg is None], b)
 
 
 def find(p, scopes, given=None):
@@ -594,8 +596,10 @@ class Declaration:
                 n, mark), functools.partial(rule.touches, given=given)))
         return made, names
 
-    def prepare(self, modules):
-        located, given = self._plan(lambda m: _source.module_ast(m, modules))
+    def prepare(self, modules, base=None):
+        """The changes; ``base(module)``: the AST its hunks are matched on (default: the source), where patches
+        before it in a series changed it (``_registry.series_trees``)."""
+        located, given = self._plan(base or (lambda m: _source.module_ast(m, modules)))
         module = modules.get(located[0][1]) or importlib.import_module(located[0][1])
         if self.check is not None:
             self.check(module)
