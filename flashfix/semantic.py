@@ -110,8 +110,8 @@ class Declaration(_Written):
     def probe(self, trees):
         return self._built().probe(trees)
 
-    def prepare(self, modules):
-        return self._built().prepare(modules)
+    def prepare(self, modules, base=None):
+        return self._built().prepare(modules, base)
 
     def plan(self, planner):
         return self._built().plan(planner)

@@ -265,7 +265,7 @@ def judge_archive(archive, label, dist):
     """``(version from METADATA, {patch id: (verdict, reason)})`` for the engine ``dist`` in
     ``archive``, as ``flashfix doctor`` would judge it installed."""
     reader = _paths.ZipReader(archive, label)
-    verdicts, claims = {}, {}  # claims: one patch per function, as the doctor and the runtime judge
+    verdicts, series = {}, {}  # per function, its series so far, as the doctor and the runtime judge
     shown = [p.id for p in patches_of(dist)]
     judged = [p for p in _registry.load_all() if canonicalize_name(p.engine) == canonicalize_name(dist)] if (
         _only_packs) else patches_of(dist)  # --pack: flashfix's own first, as installed (a fix they make: covered)
@@ -277,7 +277,7 @@ def judge_archive(archive, label, dist):
             except Exception as exc:
                 verdicts[patch.id] = ("unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
                 continue
-            verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version, claims)
+            verdicts[patch.id] = _registry.judge(patch, _registry.read_trees(targets), version, series)
     return version, {i: verdicts[i] for i in shown}
 
 

@@ -10,6 +10,8 @@ each patch, once all its target modules are imported:
    unrecognised -> ``unknown-shape``; pre-fix shape -> 3.
 3. version gate: the installed version must be inside ``versions`` (pre-releases and dev
    builds included), else ``unknown-shape``; ``requires`` unmet: ``known-unfixed``.
+   Where patches before it (registration order) rewrite a function it declares, 2 and 3 judge the
+   code they leave (``series_trees``): its fix made there is ``covered``; its ``before`` gone, ``unknown-shape``.
 4. ``prepare(modules)`` builds every change without touching anything (a ``ShapeError``
    here is ``unknown-shape``); the changes are then committed in order and, if one fails,
    the ones already made are undone: ``applied`` or ``failed``, never half.
@@ -128,32 +130,106 @@ class SwapCode:
     """Give an existing function new code, so every reference to it (``from x import f`` copies included) runs
     the fix. ``marked`` reports its first run, then swaps itself for ``plain`` and is let go; undone only if the function
     still runs one of the two. The marker reaches ``mark_ran`` through one global of the function's module
-    (``MARK_NAME``), added with the first swap into that module and removed when the last is undone."""
+    (``MARK_NAME``), added with the first swap into that module and removed when the last is undone.
 
-    def __init__(self, func, marked, plain, site, ahead=False):
+    Several patches of one function form its series (``_Stack``): ``ids``, the patches whose edits ``marked`` and
+    ``plain`` hold, in series order (``compose``). Undoing one recompiles the function from the others (or gives
+    back the release's code when none is left), so each patch of a series is reverted alone."""
+
+    def __init__(self, func, marked, plain, site, ahead=False, ids=None):
         self.func, self.marked, self.plain, self.site = func, marked, plain, site
         self.old, self.ahead = func.__code__, ahead  # ahead: compiled before the module ran (_read_ahead)
+        self.id = site.split(":", 1)[0]
+        self.ids = tuple(ids or (self.id,))
+        self.sites = [site_of(i, site.split(":", 1)[1]) for i in self.ids]
+        self.pending = set(self.sites)  # the markers not yet run: the plain code is swapped in once none is left
 
     def apply(self):
+        stack = _stacks.get(id(self.func))
+        held = tuple(stack.ids) if stack is not None else ()
+        if held != tuple(i for i in self.ids if i != self.id):
+            raise ShapeError("%s was compiled over the series %s, but the function runs %s now" % (
+                self.func.__qualname__, ", ".join(self.ids[:-1]) or "(none)", ", ".join(held) or "(none)"))
         _hold_mark(self.func.__globals__)
         try:
             self.func.__code__ = self.marked
         except Exception:
             _release_mark(self.func.__globals__)
             raise
-        _sites[self.site] = self
+        if stack is None:
+            stack = _stacks[id(self.func)] = _Stack(self.func, self.old)
+        stack.take(self)
 
     def undo(self):
-        if _sites.get(self.site) is self:
-            del _sites[self.site]
-        if self.func.__code__ not in (self.marked, self.plain):
+        stack = _stacks.get(id(self.func))
+        if stack is None or self.id not in stack.ids:
+            return
+        current = stack.current
+        left = [i for i in stack.ids if i != self.id]
+        stack.drop()
+        if self.func.__code__ not in (current.marked, current.plain):
             log.warning("not restoring %s: its code was replaced by someone else since", self.func.__qualname__)
-        else:
-            self.func.__code__ = self.old
+            del _stacks[id(self.func)]
+        elif not left:
+            self.func.__code__ = stack.original
+            del _stacks[id(self.func)]
+        else:  # the others stay: the function compiled from them alone
+            try:
+                marked, plain = compose(self.func, left, stack.original)
+            except Exception as exc:  # what they were judged on is gone: the release's code, and say so
+                log.error("%s: %s no longer applies without %s (%r): the release's code runs", self.func.__qualname__,
+                          ", ".join(left), self.id, exc)
+                self.func.__code__ = stack.original
+                del _stacks[id(self.func)]
+            else:
+                rest = SwapCode(self.func, marked, plain, site_of(left[-1], self.site.split(":", 1)[1]), ids=left)
+                self.func.__code__ = marked
+                stack.take(rest)
         _release_mark(self.func.__globals__)
 
     def __repr__(self):
-        return "%s.%s (code)" % (self.func.__module__, self.func.__qualname__)
+        return "%s.%s (code%s)" % (self.func.__module__, self.func.__qualname__,
+                                   ", series %s" % " + ".join(self.ids) if len(self.ids) > 1 else "")
+
+
+class _Stack:
+    """One function's series as applied: its release code, the patches in it and the code it runs."""
+
+    def __init__(self, func, original):
+        self.func, self.original, self.ids, self.current = func, original, [], None
+
+    def take(self, change):
+        self.drop()
+        self.ids, self.current = list(change.ids), change
+        for site in change.sites:
+            _sites[site] = change
+
+    def drop(self):
+        for site in self.current.sites if self.current is not None else ():
+            if _sites.get(site) is self.current:
+                del _sites[site]
+        self.ids, self.current = [], None
+
+
+_stacks = {}  # id(function) -> its _Stack, while a patch's code runs there
+
+
+def compose(func, ids, original, joining=None):
+    """``(marked, plain)`` code for ``func`` with the edits of the patches ``ids`` made in series order, each on
+    what the ones before it leave, compiled once. ``joining``: ``(id, edit)``, the patch being prepared, whose
+    edit is its own ``prepare``'s (so that it collects the names the new code reads); the others' edits are
+    their declarations'. ``original``: the release's code, which the source read now must compile to."""
+    qualname, modname = func.__qualname__, func.__module__
+    import copy
+
+    tree = _source.parse_text(*_source.function_source(func))
+    copies = {modname: copy.deepcopy(tree)}
+    for pid in ids:
+        if joining is not None and pid == joining[0]:
+            joining[1](_source.find_def(copies[modname], qualname), _source.marker(site_of(pid, qualname)))
+        else:
+            series_trees([_patches[pid]], {modname: tree}, marks=True, copies=copies)
+    return _source.rewrite_edited(func, tree, _source.find_def(copies[modname], qualname), original)
 
 
 _mark_users = {}  # id(module globals) -> how many applied SwapCodes need the marker global there
@@ -187,10 +263,22 @@ def site_of(patch_id, qualname):
 
 
 def rewrite(func, edit, patch_id, touches=None):
-    """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``, also for ``touches``)."""
+    """A ``SwapCode`` change for ``func`` edited by ``edit`` (see ``_source.rewrite``, also for ``touches``); where
+    other patches' code runs there, the function compiled from the whole series with this patch in its place."""
     site = site_of(patch_id, func.__qualname__)
+    stack = _stacks.get(id(func))
+    if stack is not None and stack.ids:
+        ids = sorted(set(stack.ids) | {patch_id}, key=_rank)  # SwapCode.apply checks the function still runs the rest
+        marked, plain = compose(func, ids, stack.original, (patch_id, edit))
+        return SwapCode(func, marked, plain, site, ids=ids)
     marked, plain = _source.rewrite(func, lambda node: edit(node, _source.marker(site)), touches)
     return SwapCode(func, marked, plain, site)
+
+
+def _rank(pid):
+    """A patch's place in the series order: the order patches are registered (flashfix's own first)."""
+    pid = getattr(pid, "id", pid)
+    return list(_patches).index(pid) if pid in _patches else len(_patches)
 
 
 def mangled(owner, name):
@@ -291,7 +379,7 @@ _declared = {}  # pack key (see _declare) -> its PATCHES, () when it was skipped
 _problems = {}  # engine package -> problem lines of its packs
 _hooked = set()  # ids of the patches hooked to their targets (once, whichever engine's import declared them)
 _hooked_to = {}  # target module -> the patches hooked to it, in order (see _hook_target)
-_claims = {}  # (module, qualname) -> the id of the patch judged to rewrite it in this process (see judge)
+_series = {}  # (module, qualname) -> the patches judged to rewrite it in this process, in series order (see judge)
 _ahead = {}  # id -> (what the targets' source was, Shape, what prepare needs or None): see _read_ahead
 _config_cache = []
 _logging_ready = []
@@ -569,15 +657,30 @@ def read_trees(targets):
     return {name: _source.module_ast(name) for name in targets}
 
 
-def judge(patch, trees, version, claims=None, shape=None):
+def judge(patch, trees, version, series=None, shape=None, rank=None):
     """The doctor verdict and reason for ``patch`` given its targets' ASTs (or their ``shape``, read before,
-    see ``_read_ahead``) and the version. ``claims``: ``{(module, qualname): id}`` of the patch judged first to
-    rewrite it (the runtime's, or one doctor run's)."""
+    see ``_read_ahead``) and the version. ``series``: ``{(module, qualname): [Patch, ...]}``, the patches judged
+    to rewrite each function so far (the runtime's, or one doctor run's): where one comes before ``patch``
+    (``rank``: its place in the series order; default: every one listed does), ``patch`` is judged on the code
+    they leave (``series_trees``), and joins the series where it would apply."""
     shape = shape_of(patch, trees, version) if shape is None else shape
     if shape.kind == FIXED:
         return "fixed-upstream", shape.reason
     if shape.kind == ABSENT:
         return "not-affected", shape.reason
+    earlier = _earlier(patch, series, rank)
+    if earlier:  # judged on what the patches before it in the series leave
+        names = ", ".join(p.id for p in earlier)
+        try:
+            copies = series_trees(earlier, trees)
+            shape = shape_of(patch, dict(trees or {}, **copies), version)
+        except ShapeError as exc:
+            shape = Shape(UNKNOWN, str(exc))
+        if shape.kind == FIXED:
+            return "covered", "%s earlier in the series of %s makes this fix: %s" % (names, _functions(earlier), shape.reason)
+        if shape.kind != BUGGY:
+            return "unknown-shape", "on the code %s leave(s) (series of %s): %s" % (names, _functions(earlier), shape.reason)
+        shape = shape._replace(reason="%s (on the code %s leave(s))" % (shape.reason, names))
     if shape.kind == BUGGY:
         if in_range(patch, version):  # then what the fix requires: read only where it would apply
             reader, unmet, depends = _locate.reader(), [], []
@@ -594,29 +697,52 @@ def judge(patch, trees, version, claims=None, shape=None):
             if depends:  # patched where the installed one qualifies, known-unfixed where not: say which
                 shape = shape._replace(reason="depends on which %s is installed (%s; an older one: known-unfixed): %s" % (
                     ", ".join(d for d, _ in depends), "; ".join(text for _, text in depends), shape.reason))
-            taken = [f + (claims[f],) for f in shape.functions if claims and claims.get(f, patch.id) != patch.id]
-            if taken:
-                made = covered_by(patch, taken[0][2], trees)
-                if made is not None:
-                    return "covered", "%s.%s is rewritten by %s, judged first, and that makes this fix: %s" % (
-                        taken[0] + (made,))
-                return "unknown-shape", "%s.%s is rewritten by %s, judged first (one patch per function)" % taken[0]
-            claims is None or claims.update(dict.fromkeys(shape.functions, patch.id))
+            if series is not None:
+                for function in shape.functions:  # it joins the series of each function it rewrites
+                    members = series.setdefault(function, [])
+                    if patch not in members:
+                        members.append(patch)
+                    if rank:
+                        members.sort(key=rank)
             return "patch", shape.reason
         return "unknown-shape", "pre-fix shape, but %s %s is outside %s: %s" % (
             patch.engine, version, patch.versions, shape.reason)
     return "unknown-shape", shape.reason
 
 
-def covered_by(patch, holder_id, trees=None):
-    """The reason ``patch``'s probe reads its fix as made (``fixed-upstream``) in the code that the patch
-    ``holder_id`` leaves, judged on copies of the source (``trees``, else read) with the holder's edit made;
-    None where it does not, or where that cannot be told (the holder changes no function, or fails)."""
+def _declared_functions(patch):
+    """The ``(module, qualname)``s a declaration's hunks name, in every layout (() for a hand-written patch)."""
+    rule = getattr(patch, "rule", None)
+    return {site for layout in getattr(rule, "layouts", None) or () for site in layout} if rule else set()
+
+
+def _earlier(patch, series, rank=None):
+    """The patches of ``series`` before ``patch`` on a function it declares, in series order."""
+    if not series:
+        return []
+    mine = _declared_functions(patch)
+    found = []
+    for function, members in series.items():
+        if function in mine:
+            for member in members:
+                if member.id != patch.id and member not in found and (rank is None or rank(member) < rank(patch)):
+                    found.append(member)
+    return sorted(found, key=rank) if rank else found
+
+
+def _functions(members):
+    return ", ".join(sorted({"%s.%s" % f for m in members for f in _declared_functions(m)}))
+
+
+def series_trees(members, trees=None, marks=False, copies=None):
+    """``{module: copy of its AST}`` with the edits of ``members`` (declarations whose verdict is ``patch``) made in
+    order, each matched on what the ones before it leave; read from ``trees`` where given, else from source. With
+    ``marks``, each edit puts in its marker statement, as the runtime's. A ShapeError where one no longer applies,
+    or changes a class body or a module's top level (a series is of functions)."""
     import ast
     import copy
 
-    holder, copies = _patches.get(holder_id), {}
-    rule = getattr(holder, "rule", None)
+    copies = {} if copies is None else copies
 
     def tree_of(modname):
         if modname not in copies:
@@ -624,19 +750,19 @@ def covered_by(patch, holder_id, trees=None):
             copies[modname] = copy.deepcopy(tree) if isinstance(tree, ast.AST) else tree
         return copies[modname]
 
-    try:
+    for member in members:
+        rule = getattr(member, "rule", None)
+        if rule is None:
+            raise ShapeError("%s is no declaration: nothing can be judged on the code it leaves" % member.id)
         made, located, given = rule.shape(tree_of)
-        if made.kind != BUGGY or not all(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for *_, f in located):
-            return None
-        for hunk, _, _, func in located:
-            hunk.edit(func, None, given=given)
-        for modname in targets_of(patch):
-            tree_of(modname)
-        after = patch.probe(copies)
-    except Exception as exc:  # a holder that is no declaration, or code the probe trips over: not covered
-        log.debug("%s: whether %s makes its fix cannot be told: %r", patch.id, holder_id, exc)
-        return None
-    return after.reason if after.kind == FIXED else None
+        if made.kind != BUGGY:
+            raise ShapeError("%s does not apply after the patches before it: %s" % (member.id, made.reason))
+        for hunk, modname, qualname, func in located:
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                raise ShapeError("%s changes %s of %s: a class body or a module's top level takes one patch" % (
+                    member.id, qualname or "the top level", modname))
+            hunk.edit(func, _source.marker(site_of(member.id, qualname)) if marks else None, given=given)
+    return copies
 
 
 def shape_of(patch, trees, version):
@@ -780,8 +906,16 @@ def _decide(patch, record):
     record["ahead"] = ahead is not None
     if ahead is not None:
         log.debug("%s: judged from the source read just before %s ran", patch.id, ", ".join(targets))
-    verdict, reason = judge(patch, None if ahead else read_trees(targets), version, _claims, ahead and ahead[1])
-    if verdict != "patch":
+    with _lock:
+        series = {f: list(members) for f, members in _series.items()}
+    earlier = _earlier(patch, series, _rank)
+    if earlier:
+        ahead = record["ahead"] = None  # judged and compiled on the code the patches before it leave
+    trees = None if ahead else read_trees(targets)
+    verdict, reason = judge(patch, trees, version, series, ahead and ahead[1], _rank)
+    if verdict == "patch":
+        _join_series(patch, series)
+    else:
         _set(patch, verdict, reason)
         if verdict == "unknown-shape":
             log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, reason)
@@ -791,18 +925,24 @@ def _decide(patch, record):
         return
     try:
         changes = patch.rule.prepare_ahead(modules, *ahead[2]) if ahead is not None and ahead[2] is not None else None
-        if changes is None:  # nothing made ahead, or a loaded function does not run the code it was made from
+        if changes is None and earlier:  # its hunks matched on the code the patches before it leave
+            copies = series_trees(earlier, trees)
+            changes = patch.rule.prepare(modules, lambda m: copies[m] if m in copies else _source.module_ast(m, modules))
+        elif changes is None:  # nothing made ahead, or a loaded function does not run the code it was made from
             changes = patch.prepare(modules)
     except NotBound as exc:
+        _leave_series(patch)
         _set(patch, "not-affected", str(exc))
         log.debug("%s: %s", patch.id, exc)
         return
     except ShapeError as exc:
+        _leave_series(patch)
         _set(patch, "unknown-shape", str(exc))
         log.warning("%s: %s %s left untouched: %s", patch.id, patch.engine, version, exc)
         _strict(patch, str(exc), True)
         return
     except Exception as exc:
+        _leave_series(patch)
         _fail(patch, "preparing the patch failed: %r" % (exc,))
         return
     done = []
@@ -816,6 +956,7 @@ def _decide(patch, record):
                 undone.undo()
             except Exception as undo_exc:  # pragma: no cover - reported, nothing else to do
                 log.error("%s: undoing %r failed: %r", patch.id, undone, undo_exc)
+        _leave_series(patch)
         _fail(patch, "applying %r failed, earlier parts undone: %r" % (change, exc))
         return
     again = record["state"] == "applied"
@@ -824,6 +965,26 @@ def _decide(patch, record):
     _set(patch, "applied", "%s (%s %s)" % (patch.summary, patch.engine, version))
     log.info("%s %s to %s %s in pid %d: %s; upstream %s", "re-applied" if again else "applied", patch.id,
              patch.engine, version, os.getpid(), ", ".join(map(repr, changes)), patch.upstream)
+
+
+def _join_series(patch, judged):
+    """Record ``patch`` in the series of the functions its judgement (``judged``: the series it was given) put it in."""
+    with _lock:
+        for function, members in judged.items():
+            if patch in members:
+                mine = _series.setdefault(function, [])
+                if patch not in mine:
+                    mine.append(patch)
+                    mine.sort(key=_rank)
+
+
+def _leave_series(patch):
+    with _lock:
+        for function, members in list(_series.items()):
+            if patch in members:
+                members.remove(patch)
+                if not members:
+                    del _series[function]
 
 
 def _fail(patch, reason):
@@ -860,7 +1021,9 @@ def mark_ran(site):
         return
     change = _sites.get(site)
     if change is not None and change.func.__code__ is change.marked:
-        change.func.__code__, change.marked = change.plain, None  # never needed again (vLLM 0.28.0 build: 8.5 KiB)
+        change.pending.discard(site)
+        if not change.pending:  # every patch of the series has run its marker
+            change.func.__code__, change.marked = change.plain, None  # never needed again (vLLM 0.28.0 build: 8.5 KiB)
 
 
 def _compiling(torch):
@@ -922,6 +1085,7 @@ def revert(*patch_ids):
                 continue
             for change in reversed(record["changes"]):
                 change.undo()
+            _leave_series(patch)
             record["changes"], record["ran"] = [], False
             _set(patch, "disabled", "reverted by flashfix.revert()")
             log.info("reverted %s in pid %d", patch.id, os.getpid())

@@ -641,7 +641,14 @@ def rewrite_ahead(tree, qualname, def_node, edit, touches=None):
     return _rewrite(like, def_node, tree, edit, touches, None)
 
 
-def _rewrite(like, original, tree, edit, touches, loaded):
+def rewrite_edited(func, tree, edited, original):
+    """``rewrite()``'s ``(marked, plain)`` for ``func`` from ``edited``, its def node once edited (a series of
+    patches: ``_registry.compose``), where ``tree`` is its module's source, which must compile to ``original``
+    (the release's code: the function may run another patch's code now)."""
+    return _rewrite(_like(func), _def_node(func, tree), tree, None, None, original, edited)[1:]
+
+
+def _rewrite(like, original, tree, edit, touches, loaded, edited=None):
     unedited = _compile(like, original, tree)
     problem = loaded is not None and code_difference(unedited, loaded)
     if problem:
@@ -650,8 +657,11 @@ def _rewrite(like, original, tree, edit, touches, loaded):
             % (like.qualname, problem)
         )
     text, origin = tree.flashfix_text, tree.flashfix_origin  # the text already read, not a second copy
-    node = copy.deepcopy(original) if touches is None else copy_paths(original, touches(original))
-    edit(node)
+    if edited is not None:
+        node = edited
+    else:
+        node = copy.deepcopy(original) if touches is None else copy_paths(original, touches(original))
+        edit(node)
     rendered = render_edit(text, original, node, origin)  # compiled from the text ``flashfix diff`` shows
     del original, node, text  # a long function's trees are megabytes: free them before compiling again
     return unedited, _compile(like, rendered.tree(rendered.MARKED), tree), _compile(like, rendered.tree(rendered.PLAIN), tree)

@@ -28,17 +28,17 @@ from flashfix.core import source as _source
 def diagnose(reader=None):
     """One dict per patch: id, engine, engine_version, verdict, reason, in_range, upstream,
     fixed_in, sources. ``reader``: the environment to read (default: this interpreter's)."""
-    rows, claims = [], {}  # the functions the patches judged so far would rewrite, as at run time
+    rows, series = [], {}  # per function, the patches judged so far to rewrite it, in series order, as at run time
     with _locate.reading(reader or _locate.reader()), _source.kept():
         patches, cfg = _registry.load_all(), _registry.config()
         for patch in patches:
             with _locate.recording() as sources:
-                row = _diagnose_one(patch, cfg, claims)
+                row = _diagnose_one(patch, cfg, series)
             rows.append(dict(row, sources=sources))
     return rows, cfg
 
 
-def _diagnose_one(patch, cfg, claims):
+def _diagnose_one(patch, cfg, series):
     version = _registry.engine_version(patch.engine)
     try:
         targets = _registry.targets_of(patch)
@@ -51,7 +51,7 @@ def _diagnose_one(patch, cfg, claims):
     elif targets is None:
         verdict, reason = "unknown-shape", failure
     else:
-        verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, claims)
+        verdict, reason = _registry.judge(patch, _registry.read_trees(targets), version, series)
     in_range = verdict not in ("not-installed", "disabled") and _registry.in_range(patch, version)
     return {"id": patch.id, "engine": patch.engine, "engine_version": version, "verdict": verdict, "reason": reason,
             "affected_versions": patch.versions, "upstream": patch.upstream, "fixed_in": patch.fixed_in,
