@@ -1,6 +1,7 @@
 """SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338, #27460 and #23993
 (0.5.13), #38590 (0.5.20), of FlashInfer-backend fixes first released in 0.5.10, 0.5.17 and 0.5.21 (PRs not
-identified), and one fix of flashfix's own that no release has (#23993's fallback given base-2 LSEs).
+identified), and fixes of flashfix's own that no release has (#23993's fallback given base-2 LSEs, the MLA
+chunk runner's LSE base, the logit soft cap at plan time).
 
 #34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
 the upstream change as before -> after code), judged, disabled (``FLASHFIX_DISABLE=<id>``) and
@@ -19,9 +20,10 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 # * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. The
 #   fix is a new method (_build_swa_prefix_custom_mask), a rewritten branch of update_sliding_window
 #   and ``window_left`` at two forward_return_lse calls of forward_extend, a function the FP8-scale
-#   patch already rewrites (one function takes one rewrite).
+#   patch also rewrites (now possible as a series; not carried yet: it adds a method).
 # * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): forward_extend's paged forward is causal for
-#   ENCODER_ONLY layers; a one-statement fix, but in forward_extend too (one rewrite per function).
+#   ENCODER_ONLY layers; a one-statement fix in forward_extend too (a series with the FP8-scale
+#   patch would carry it; not done yet).
 
 
 import ast
@@ -254,14 +256,8 @@ KNOWN = (Known(
     upstream="https://github.com/sgl-project/sglang/pull/26513",
     summary="sliding-window models, ragged + paged extend over a cached prefix: the paged pass's range covers extend "
             "slots whose K/V are written only after it (stale data merged into the output)",
-    why_not="the fix adds a method, rewrites the shared kv_start_idx branch and edits forward_extend, which "
-            "sglang-fp8-kv-scales already rewrites (one patch per function)"),
-  Known(
-    id="sglang-flashinfer-logit-softcap-plan", engine="sglang", versions=">=0.5.1",
-    upstream="https://github.com/sgl-project/sglang/pull/34093",
-    summary="logits_soft_cap reaches FlashInfer only at forward() time, never plan(): models with attention logit "
-            "soft-capping (Gemma-2, Grok) run uncapped on the FlashInfer backend",
-    why_not="the upstream fix is not merged; no release carries it to backport"),
+    why_not="the fix adds a method (_build_swa_prefix_custom_mask) and rewrites the shared kv_start_idx branch; "
+            "its forward_extend hunk would join sglang-fp8-kv-scales's series, but a method cannot be declared yet"),
 )
 
 
@@ -701,3 +697,97 @@ TRITON_PER_LAYER_HEADS = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.17.""")
 
 PATCHES += (TRITON_PER_LAYER_HEADS,)
+
+
+# --- attention logit soft-capping never reaches FlashInfer's plans: sglang#33915 (flashfix's own) -------------
+
+SOFT_CAP_ID = "sglang-flashinfer-logit-softcap-plan"
+
+
+def model_logits_soft_cap(model_runner):
+    """The attention logit soft cap that all of ``model_runner``'s attention layers share (their ``logit_cap``), or
+    None where none caps (or there is no model to read). Layers that disagree, or cap by other than tanh (the one
+    form FlashInfer has), raise: one plan serves every layer of a batch, so no cap would be right for all."""
+    model = getattr(model_runner, "model", None)
+    caps, methods = {}, set()
+    for layer in model.modules() if callable(getattr(model, "modules", None)) else ():
+        cap = getattr(layer, "logit_cap", None)
+        if not isinstance(cap, (int, float)) or not hasattr(layer, "layer_id"):  # not an attention layer (RadixAttention)
+            continue
+        caps.setdefault(float(cap or 0.0), layer.layer_id)
+        if cap and cap > 0:
+            methods.add(getattr(layer, "logit_capping_method", "tanh"))
+    if len(caps) > 1 or methods - {"tanh"}:
+        raise ValueError(
+            "flashfix %s: the attention layers of this model %s; the FlashInfer backend plans one kernel for every "
+            "layer and caps with tanh only, so it cannot run them as the model defines. Use another attention backend "
+            "(--attention-backend triton), or FLASHFIX_DISABLE=%s to run as the release does (uncapped)" % (
+                SOFT_CAP_ID, "cap their logits differently (%s)" % ", ".join(
+                    "%g from layer %s" % item for item in sorted(caps.items())) if len(caps) > 1 else
+                "cap by %s" % ", ".join(sorted(methods - {"tanh"})), SOFT_CAP_ID))
+    cap = next(iter(caps), 0.0)
+    return cap if cap > 0 else None
+
+
+_NO_CAP = {}
+_TAKES_CAP = {}  # plan function -> whether it takes logits_soft_cap
+
+
+def soft_cap_plan_kwargs(begin_forward, cap):
+    """``plan()`` keywords for the soft cap ``cap``: none where there is no cap (the release's call, exactly), or
+    where the plan function takes none (SGLang's fast_prefill_plan, a CUDA-graph replay that reuses the kernel
+    module its capture planned, with the cap)."""
+    if cap is None:
+        return _NO_CAP
+    func = getattr(begin_forward, "func", begin_forward)  # functools.partial(fast_decode_plan, wrapper)
+    func = getattr(func, "__func__", func)  # a bound method: its function
+    takes = _TAKES_CAP.get(func)
+    if takes is None:
+        import inspect
+
+        try:
+            params = inspect.signature(func).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        takes = _TAKES_CAP[func] = any(p.name == "logits_soft_cap" or p.kind == p.VAR_KEYWORD for p in params)
+    return {"logits_soft_cap": cap} if takes else _NO_CAP
+
+
+_SOFT_CAP_INIT = dict(
+    before="$SELF.q_data_type = $MR.dtype",
+    after="$SELF.q_data_type = $MR.dtype\n$SELF.logits_soft_cap = model_logits_soft_cap($MR)",
+    fixed="{name} reads the model's logit soft cap (`{form}`)",
+    buggy="{name} (line {line}) keeps no logit soft cap for its plans")
+_SOFT_CAP_PLAN = dict(
+    before="$W.begin_forward($$$A, **$$$KW, **$$$SPLAT)",  # SPLAT: 0.5.14's **paged_plan_kwargs (host layout only)
+    after="$W.begin_forward($$$A, **$$$KW, **$$$SPLAT, **soft_cap_plan_kwargs($W.begin_forward, $SELF.logits_soft_cap))",
+    every=True, fixed_if=("$_($$$_, logits_soft_cap=$_, **$$$_)", "soft_cap_plan_kwargs($_, $_)",
+                          '$_["logits_soft_cap"] = $_'),  # a plan call, or a dict of plan keywords, given the cap
+    fixed="{name} plans with the logit soft cap (`{form}`)",
+    buggy="{name} (line {line}) plans without logits_soft_cap, so FlashInfer picks its uncapped kernel (flashfix's "
+          "own fix: no SGLang release has one; sglang#34093 and #38525 are open)")
+
+SOFT_CAP_PLAN = Backport(
+    id=SOFT_CAP_ID, engine="sglang", versions=">=0.5.1", fixed_in="none (0.5.23, the latest release, has the bug)",
+    upstream="https://github.com/sgl-project/sglang/issues/33915 (flashfix's own fix; open PRs sglang#34093, #38525)",
+    needs={"model_logits_soft_cap": "flashfix.sglang_patch", "soft_cap_plan_kwargs": "flashfix.sglang_patch"},
+    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterDecode.__init__", **_SOFT_CAP_INIT),
+           Rule(_BACKEND, "FlashInferIndicesUpdaterDecode.call_begin_forward", **_SOFT_CAP_PLAN),
+           Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.__init__", **_SOFT_CAP_INIT),
+           Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.call_begin_forward", **_SOFT_CAP_PLAN)),
+    summary="models with attention logit soft-capping (Gemma-2: 50, Grok: 30) are capped on the FlashInfer backend: "
+            "the decode, ragged and paged plans get the cap, which FlashInfer reads only when it picks the kernel",
+    doc="""Why: since FlashInfer 0.2, whether a kernel soft-caps is fixed when plan()/begin_forward()
+    picks its module; the cap passed to forward() later is read only by a module planned with one.
+    SGLang plans without it, so Gemma-2 and Grok run uncapped in decode and in ragged and paged
+    prefill: 11 % to 40 % off the capped reference once logits are large (docs/gpu.md).
+    How: each indices updater reads the cap its model's attention layers share (a model whose layers
+    disagree, or cap other than by tanh, stops at start-up with the reason: no single plan is right),
+    and every plan call passes it, fast_decode_plan's CUDA-graph replay included; a model without a
+    cap plans exactly as the release. SGLang's fast_prefill_plan takes no cap and gets none: it reuses
+    the module its capture planned. Steps aside where a plan call passes ``logits_soft_cap`` already
+    (the open PRs' form).
+    Affected: every final release from 0.5.1 (0.5.23 is the latest checked).
+
+    Delete when: SGLang plans with the cap (the probe then reads fixed-upstream).""")
+PATCHES += (SOFT_CAP_PLAN,)

@@ -420,7 +420,8 @@ after = {row["id"]: row for row in flashfix.status() if row["engine"] == "sglang
 markers = {}
 for patch_id, record in _registry._records.items():
     if patch_id in status:
-        markers[patch_id] = [c.func.__code__ is c.plain for c in record["changes"] if hasattr(c, "plain")]
+        markers[patch_id] = [c.func.__code__ is getattr(_registry._stacks.get(id(c.func)), "current", c).plain  # a series:
+                             for c in record["changes"] if hasattr(c, "plain")]  # the code compiled from all of it
 report("after_run", {
     "ran": {k: v["ran"] for k, v in after.items()},
     "markers_dropped": markers,

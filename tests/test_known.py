@@ -14,7 +14,8 @@ import engine_env
 from conftest import REPO
 
 MLA = "sglang-mla-chunked-prefix-lse-base"
-CAP = "sglang-flashinfer-logit-softcap-plan"
+CAP = "sglang-flashinfer-logit-softcap-plan"  # known-unfixed until flashfix carried it (tests/test_softcap_plan.py)
+WINDOW = "sglang-swa-paged-plan-window-left"  # sglang#31501: known, not carried
 COUNTER = "vllm-trtllm-multi-cta-kv-counter"
 MLA_FILE = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 
@@ -34,10 +35,10 @@ def doctor(*args):
                           text=True, timeout=300)
 
 
-def test_sglang_0_5_23_carries_the_mla_lse_fix_as_flashfix_own_and_names_the_soft_cap():
-    """The MLA chunked-prefix LSE fix (sglang#40903, no release has one) was a known-unfixed row; flashfix now
-    carries it: ``patch``, by the code (the line of the runner's return), its reason saying it is flashfix's own fix.
-    The logit soft cap (sglang#33915) stays known-unfixed; strict passes."""
+def test_sglang_0_5_23_carries_the_mla_lse_fix_and_the_soft_cap_as_flashfix_own():
+    """The MLA chunked-prefix LSE fix (sglang#40903) and the logit soft cap (sglang#33915), which no release has, were
+    known-unfixed rows; flashfix now carries both: ``patch``, by the code (the line of the runner's return, of the
+    updater), each reason saying it is flashfix's own fix; strict passes."""
     site = _site("sglang==0.5.23")
     proc = doctor("--strict", "--json", "--path", str(site))
     assert proc.returncode == 0, proc.stderr
@@ -49,13 +50,15 @@ def test_sglang_0_5_23_carries_the_mla_lse_fix_as_flashfix_own_and_names_the_sof
     assert "forward (line 209) returns FlashInfer's base-2 LSE" in row["reason"], row["reason"]
     assert "flashfix's own fix: no SGLang release has one" in row["reason"], row["reason"]
     assert [s["file"] for s in row["sources"]][-1].endswith(MLA_FILE)
-    assert rows[CAP]["verdict"] == "known-unfixed", rows[CAP]
+    cap = rows[CAP]
+    assert cap["verdict"] == "patch" and cap["fixed_in"].startswith("none") and "sglang#34093" in cap["upstream"], cap
+    assert "flashfix's own fix: no SGLang release has one" in cap["reason"], cap["reason"]
+    assert WINDOW not in rows, rows[WINDOW]  # fixed in 0.5.16: named only where the engine read is affected
     text = doctor("--strict", "--path", str(site))
     assert text.returncode == 0
     lines = text.stdout.splitlines()
     (at,) = [i for i, x in enumerate(lines) if x.startswith(CAP)]
-    row_text = "\n".join([lines[at]] + [x for x in lines[at + 1:at + 8] if x.startswith("      ")])  # a long reason: below
-    assert "known-unfixed" in lines[at] and "https://github.com/sgl-project/sglang/pull/34093" in row_text, row_text
+    assert "patch" in lines[at], lines[at]
 
 
 @pytest.mark.parametrize("fix", ['lse_base="ln", ', "return_lse_base_on_e=True, ", "math.log(2)", None])
@@ -92,7 +95,7 @@ def test_no_vllm_release_reports_the_dropped_counter_row():
     site = _site("vllm==0.33.0")
     proc = doctor("--strict", "--json", "--path", str(site))
     assert proc.returncode == 0, proc.stderr
-    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] in (CAP, COUNTER)] == []
+    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] in (WINDOW, COUNTER)] == []
     code = '''
 import json, sys
 sys.path.insert(0, "scripts")
@@ -110,4 +113,4 @@ def test_status_does_not_list_known_fixes():
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     ids = json.loads(out.stdout)
-    assert "sglang-fp8-kv-scales" in ids and MLA in ids and CAP not in ids and COUNTER not in ids
+    assert "sglang-fp8-kv-scales" in ids and MLA in ids and CAP in ids and WINDOW not in ids and COUNTER not in ids

@@ -45,6 +45,7 @@ TRITON_HEADS = "sglang-triton-per-layer-heads-buffers"  # sglang#32625, fixed in
 CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in 0.5.21: a pre-fix shape on 0.5.18
 MLA_PADDED = "sglang-mla-indptr-padded-batch"  # fixed in 0.5.20: 0.5.18's own (not derived) MLA module has the bug
 MLA_LSE = "sglang-mla-chunked-prefix-lse-base"  # sglang#40903: no release has the fix
+SOFT_CAP = "sglang-flashinfer-logit-softcap-plan"  # sglang#33915: no release has the fix
 MERGE_LIMIT, MERGE_BASE = released.MERGE_LIMIT, released.MERGE_BASE  # sglang#23993 in both; its fallback unfixed
 RELEASES = ("0.5.18", "0.5.23")
 WIDENED = ">=0.5.11"  # the oldest SGLang release the tests cover, no upper bound
@@ -207,14 +208,15 @@ def test_derived_doctor(release):
     assert {pid: kind for pid, (kind, _) in d["probe"].items()} == dict(
         {FP8: "buggy", VISION: "buggy", AUTOTUNE: "fixed", SWA_FULL: "fixed" if swa_fixed else "buggy",
          CLAMP: "fixed" if swa_fixed else "buggy", CUTLASS_DIMS: "fixed" if swa_fixed else "buggy",
-         MLA_PADDED: "fixed" if swa_fixed else "buggy", MERGE_LIMIT: "fixed", MERGE_BASE: "buggy", MLA_LSE: "buggy"},
+         MLA_PADDED: "fixed" if swa_fixed else "buggy", MERGE_LIMIT: "fixed", MERGE_BASE: "buggy", MLA_LSE: "buggy",
+         SOFT_CAP: "buggy"},
         **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS), "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
     assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
         {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch",
          CLAMP: "fixed-upstream" if swa_fixed else "known-unfixed",  # 0.5.18's FlashInfer 0.6.17 takes no clamp
          CUTLASS_DIMS: "fixed-upstream" if swa_fixed else "patch", MLA_PADDED: "fixed-upstream" if swa_fixed else "patch",
-         MERGE_LIMIT: "fixed-upstream", MERGE_BASE: "patch", MLA_LSE: "patch"},
+         MERGE_LIMIT: "fixed-upstream", MERGE_BASE: "patch", MLA_LSE: "patch", SOFT_CAP: "patch"},
         **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS), "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
@@ -228,7 +230,7 @@ def test_derived_patched_at_runtime_and_reverted(release):
                            "applied", CLAMP: "fixed-upstream" if release == "0.5.23" else "known-unfixed",
                            CUTLASS_DIMS: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_PADDED: "fixed-upstream" if release == "0.5.23" else "applied",
-                           MLA_LSE: "applied", MERGE_BASE: "not-affected"},  # MERGE_BASE: defined only where FlashInfer is available: not on a CPU
+                           MLA_LSE: "applied", SOFT_CAP: "applied", MERGE_BASE: "not-affected"},  # MERGE_BASE: defined only where FlashInfer is available: not on a CPU
                           **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT) + LATER, "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:

@@ -97,6 +97,7 @@ for (_dist, _version), _verdicts in EXPECTED.items():
         _verdicts[MERGE_LIMIT] = "patch" if Version(_version) < Version("0.5.13") else "fixed-upstream"
         _verdicts[MERGE_BASE] = "not-affected" if Version(_version) < Version("0.5.13") else "patch"
         _verdicts[MLA_LSE] = "patch"
+        _verdicts["sglang-flashinfer-logit-softcap-plan"] = "patch"  # sglang#33915: flashfix's own, every release
         _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
             "patch" if Version(_version) < Version("0.5.17") else "fixed-upstream")
         _verdicts[PCG] = ("not-affected" if Version(_version) < Version("0.5.5.post1") else
