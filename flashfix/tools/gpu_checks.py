@@ -42,13 +42,16 @@ def rel_l2(out, ref):
     return float((out - ref).norm() / ref.norm())
 
 
-def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
+def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None, soft_cap=None):
     """float64 causal attention of one request, q [n, Hq, D], k/v [m, Hkv, D], query i at position m - n + i;
-    ``sinks`` (natural-log logits per query head) join the softmax denominator only, as in FlashInfer."""
+    ``sinks`` (natural-log logits per query head) join the softmax denominator only, as in FlashInfer;
+    ``soft_cap`` > 0: logits ``soft_cap * tanh(logit / soft_cap)`` before the mask, as FlashInfer caps them."""
     import torch
     (n, hq, _), (m, hkv, _) = q.shape, k.shape
     k, v = (x.double().repeat_interleave(hq // hkv, dim=1) for x in (k, v))
     scores = torch.einsum("nhd,mhd->hnm", q.double(), k) * sm_scale
+    if soft_cap:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
     pos = torch.arange(n, device=q.device)[:, None] + (m - n)
     key = torch.arange(m, device=q.device)[None, :]
     allowed = key <= pos
@@ -63,14 +66,15 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None):
     return torch.einsum("hnm,mhd->nhd", weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top)), v)
 
 
-def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale):
+def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale, soft_cap=None):
     """float64 causal attention, [tokens, -1], of each request's new tokens (rows ``qo[i]:qo[i + 1]``) over its
-    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves; None on the CPU (tests' FlashInfer)."""
+    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, logits soft-capped by ``soft_cap`` (> 0);
+    None on the CPU (tests' FlashInfer)."""
     import torch
     if q.device.type == "cpu":
         return None
     ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
-                     sm_scale) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
+                     sm_scale, soft_cap=soft_cap) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
     return torch.cat(ref).reshape(len(q), -1)
 
 
@@ -326,22 +330,23 @@ def _revert(patch_id, rows, head, same):
 
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
-            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None):
+            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None, logit_cap=0.0):
     """SGLang's ``forward_extend`` (``forward_decode``) driven with ``self``, ``layer`` and ``forward_batch`` holding
     what it reads, 0.5.1 to 0.5.20: a decoder layer (two wrappers: a sliding-window backend's full-attention layer;
-    ``cross`` not None: a cross-attention backend's cross or self-attention layer), the KV pool's buffer ``cache``."""
+    ``cross`` not None: a cross-attention backend's cross or self-attention layer), the KV pool's buffer ``cache``;
+    ``logit_cap``: the layer's attention logit soft cap (RadixAttention's, 0.0: none)."""
     pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
     backend = object.__new__(module.FlashInferAttnBackend)
     backend.__dict__.update(
         forward_metadata=types.SimpleNamespace(prefill_wrappers=wrappers, use_ragged=use_ragged, extend_no_prefix=no_prefix,
                                                multi_item_params=None, decode_wrappers=wrappers),
         num_wrappers=len(wrappers), prefill_wrapper_ragged=ragged, token_to_kv_pool=pool,
-        prefill_uses_dequant_workspace=False, is_dllm_model=False)
+        prefill_uses_dequant_workspace=False, decode_uses_dequant_workspace=False, is_dllm_model=False)
     if len(wrappers) > 1:
         backend.dispatch_reason = getattr(module.WrapperDispatch, "SLIDING_WINDOW" if cross is None else "CROSS_ATTENTION")
     head_dim = cache.head_dim
     layer = types.SimpleNamespace(
-        layer_id=0, is_cross_attention=bool(cross), logit_cap=0.0, scaling=head_dim ** -0.5, sliding_window_size=-1,
+        layer_id=0, is_cross_attention=bool(cross), logit_cap=logit_cap, scaling=head_dim ** -0.5, sliding_window_size=-1,
         tp_q_head_num=heads, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
         attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
         k_scale_float=scales[0], v_scale_float=scales[1])
@@ -909,6 +914,187 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     try:
         released = _pair(rows, dict(base, case=case), run, original, live, lambda o: rel_l2(o, ref), controls)
         return _revert(patch_id, rows, head, lambda: _same(run(live), released))
+    finally:
+        module.__dict__.update(saved)
+
+
+# --- sglang-flashinfer-logit-softcap-plan: the indices updaters' plans, then forward_extend / forward_decode ----
+SOFTCAP_REQUESTS = ((100, 37), (500, 128), (64, 300))  # (cached prefix, new tokens)
+SOFTCAP_DECODE = (1000, 37, 500, 300)  # decode requests' KV lengths (one query token each)
+SOFTCAP_Q_SCALE = 8.0  # queries times this: |q.k| * sm_scale reaches ~35-45, where a cap of 30 or 50 bends the logits
+
+
+def sglang_softcap(patch_id, path=None, caps=(50.0, 30.0), seed=0, fi=None, requests=SOFTCAP_REQUESTS, decode=SOFTCAP_DECODE,
+                   head_dim=128, q_scale=SOFTCAP_Q_SCALE, tensor_cores=(False, True)):
+    """SGLang's own indices updaters (``__init__`` reading the model's cap, ``update_single_wrapper`` ->
+    ``call_begin_forward`` planning; all four functions as released, or all as patched), then its ``forward_extend``
+    / ``forward_decode`` with a layer whose ``logit_cap`` is the cap, against float64 capped attention; per cap:
+    a ragged extend over a cached prefix, a paged-only extend, decode (CUDA-graph wrappers planned as at capture,
+    then as a replay plans them, by ``fast_decode_plan``; without and with tensor cores). Controls: a model
+    without a cap (logit_cap 0.0), bitwise equal; then ``revert()``."""
+    import collections
+    import torch
+    names = ("Prefill.__init__", "Prefill.call_begin_forward", "Decode.__init__", "Decode.call_begin_forward")
+    module, rows, head, pairs, fi, device = _engine(patch_id, path, list(names), fi)
+    if not pairs:
+        return rows
+    classes = {"Prefill": module.FlashInferIndicesUpdaterPrefill, "Decode": module.FlashInferIndicesUpdaterDecode}
+    slots = [(classes[n.split(".")[0]], n.split(".", 1)[1]) for n in names]
+    live, original = ([p[i] for p in pairs] for i in (0, 1))
+    calls, i32, bf16, sm_scale = Calls(live[0].__code__.co_filename), torch.int32, torch.bfloat16, head_dim ** -0.5
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    kinds = getattr(module, "IdSpaceKind", None)  # 0.5.23: read_kind, compared by SGLang's translator alone
+    allowed = [kinds.__qualname__] if isinstance(kinds, _StandIn) else []
+    watched = ("forward", "forward_return_lse", "begin_forward")
+
+    def gather(table, rows_, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
+        for i, (r, n) in enumerate(zip(rows_.tolist(), lens.tolist())):
+            s = 0 if start is None else int(start[i])
+            out[int(indptr[i]):int(indptr[i]) + n] = table[r, s:s + n]
+
+    def batch(seqs, prefix):  # a paged cache (page size 1) and its req_to_token, and what the updater reads
+        cache = PagedBatch(seqs, page_size=1, head_dim=head_dim, seed=seed, device=device)
+        bs = len(seqs)
+        req_to_token = torch.zeros(bs, max(kv for _, kv in seqs), dtype=i32, device=device)
+        for i in range(bs):
+            slots_ = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
+            req_to_token[i, :len(slots_)] = slots_
+        # where the slots are read from: self.req_to_token (to 0.5.18), a KVIndexTable (0.5.19), its translator
+        # (0.5.20: fill_packed_read_stream; 0.5.23: pack_read_stream with a KVLocPlan)
+        fill = lambda req_pool_indices, seq_lens, indptr, out, kv_start_idx=None, **_: gather(  # noqa: E731
+            req_to_token, req_pool_indices, seq_lens, indptr, kv_start_idx, out)
+        table = types.SimpleNamespace(reads_are_translated=False, fill_packed_read_stream=fill,
+                                      pack_read_stream=lambda plan, **kw: fill(**kw))
+        view = types.SimpleNamespace(is_translated=False, ids=req_to_token, row_ids=torch.arange(bs, device=device),
+                                     row_stride=req_to_token.shape[1], entry_page_size=1)
+        return cache, req_to_token, table, view
+
+    def setup(cache, req_to_token, table, cap, wrappers_of):
+        bs = len(cache.seqs)
+        backend = types.SimpleNamespace(
+            kv_index_translator=table, dq_paged_kernel_lens=None, dispatch_reason=None, page_size=1, num_wrappers=1,
+            flashinfer_kv_cache_dtype=bf16, _swa_kv_pool=None, kv_last_page_len=torch.ones(bs, dtype=i32, device=device),
+            kv_indptr=[torch.zeros(bs + 1, dtype=i32, device=device)], qo_indptr=[torch.zeros(bs + 1, dtype=i32, device=device)])
+        wrappers = wrappers_of(backend)
+        # the model's attention layers (RadixAttention: layer_id, logit_cap), and a module that is none
+        layers = [types.SimpleNamespace(layer_id=i, logit_cap=cap) for i in range(2)] + [types.SimpleNamespace()]
+        runner = types.SimpleNamespace(
+            kv_cache_dtype=bf16, dtype=bf16, sliding_window_size=None, token_to_kv_pool_allocator=None,
+            req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+            model=types.SimpleNamespace(modules=lambda: iter(layers)),
+            model_config=types.SimpleNamespace(
+                num_attention_heads=NUM_QO_HEADS, head_dim=head_dim, get_num_kv_heads=lambda *_: NUM_KV_HEADS,
+                get_max_num_attention_heads=lambda: NUM_QO_HEADS,
+                hf_text_config=types.SimpleNamespace(num_attention_heads_per_layer=None)))
+        return backend, runner, wrappers
+
+    def update(cls, updater, backend, runner, cache, view, prefix, seq, **kw):
+        _, took, error = drive(cls.__init__, (updater, runner, backend), {}, calls, allowed)
+        if error:
+            return took, error
+        bs = len(cache.seqs)
+        _, more, error = drive(cls.update_single_wrapper, (updater,), _args(
+            cls.update_single_wrapper, req_pool_indices=torch.arange(bs, device=device), seq_lens=seq,
+            seq_lens_cpu=seq.cpu(), seq_lens_sum=int(seq.sum()), prefix_lens=prefix, encoder_lens=None, spec_info=None,
+            extend_prefix_lens_cpu=None if prefix is None else prefix.tolist(), kv_view=view, plan=None, **kw), calls, allowed)
+        return took + more, error
+
+    # prefill: new tokens' K/V in the cache too (a paged-only extend reads them there), queries scaled
+    pre = batch([(n, p + n) for p, n in requests], None)
+    p_cache = pre[0]
+    q, k, v = (torch.randn(len(p_cache.q), NUM_QO_HEADS if x == "q" else NUM_KV_HEADS, head_dim, generator=gen,
+                           device=device) * (q_scale if x == "q" else 1.0) for x in "qkv")
+    q, k, v = (x.to(bf16) for x in (q, k, v))
+    prefix, new = (torch.tensor(x, dtype=i32, device=device) for x in zip(*requests))
+    for i, (p, _) in enumerate(requests):
+        a, b = int(p_cache.qo_indptr[i]), int(p_cache.qo_indptr[i + 1])
+        slots_ = p_cache.kv_indices[int(p_cache.kv_indptr[i]):int(p_cache.kv_indptr[i + 1])][p:].long()
+        p_cache.k_cache[slots_], p_cache.v_cache[slots_] = k[a:b, None], v[a:b, None]
+    # decode: one query token per request over its whole KV
+    dec = batch([(1, n) for n in decode], None)
+    d_cache = dec[0]
+    dq = (torch.randn(len(decode), NUM_QO_HEADS, head_dim, generator=gen, device=device) * q_scale).to(bf16)
+    d_lens = torch.tensor(decode, dtype=i32, device=device)
+    no_kv = torch.empty(0, NUM_KV_HEADS, head_dim, device=device)
+
+    def prefill(cap, use_ragged=True):
+        cache, req_to_token, table, view = pre
+        workspace = _workspace(device)
+        ragged = calls.watch("ragged", fi.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2"), watched)
+        backend, runner, wrappers = setup(cache, req_to_token, table, cap, lambda b: [calls.watch(
+            "paged", fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2"), watched)])
+        backend.prefill_wrapper_ragged = ragged
+        cls = module.FlashInferIndicesUpdaterPrefill
+        took, error = update(cls, object.__new__(cls), backend, runner, cache, view, prefix, prefix + new,
+                             prefill_wrappers=wrappers, use_ragged=use_ragged)
+        if error:
+            return None, took, error
+        out, more, error = _extend(module, module.FlashInferAttnBackend.forward_extend, calls, wrappers, ragged, cache,
+                                   q, k, v, use_ragged, logit_cap=cap)
+        return out, took + more, error
+
+    def decoding(cap, tc=False, replay=True):
+        cache, req_to_token, table, view = dec
+        workspace = _workspace(device)
+        backend, runner, wrappers = setup(cache, req_to_token, table, cap, lambda b: [calls.watch(
+            "decode", fi.BatchDecodeWithPagedKVCacheWrapper(  # as SGLang's CUDA-graph capture builds them
+                workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tc, paged_kv_indptr_buffer=b.kv_indptr[0],
+                paged_kv_indices_buffer=torch.zeros(len(cache.kv_indices), dtype=i32, device=device),
+                paged_kv_last_page_len_buffer=b.kv_last_page_len), watched)])
+        cls, took, error = module.FlashInferIndicesUpdaterDecode, [], None
+        updater = object.__new__(cls)
+        for step in range(2 if replay else 1):  # a CUDA graph's capture, then its replay
+            if step:  # what capture leaves: each wrapper plans by fast_decode_plan
+                for w in wrappers:
+                    w.begin_forward = functools.partial(module.fast_decode_plan, w)
+            more, error = update(cls, updater, backend, runner, cache, view, None, d_lens, decode_wrappers=wrappers)
+            took += more
+            if error:
+                return None, took, error
+        out, more, error = _extend(module, module.FlashInferAttnBackend.forward_decode, calls, wrappers, None, cache,
+                                   dq, None, None, False, logit_cap=cap)
+        return out, took + more, error
+
+    def run(funcs, mode="ragged", cap=0.0, tc=False, replay=True):
+        """``mode`` with the updaters' four functions ``funcs`` (as released, or as patched) in their classes."""
+        kept = [(cls, attr, cls.__dict__[attr]) for cls, attr in slots]
+        for (cls, attr), func in zip(slots, funcs):
+            setattr(cls, attr, func)
+        try:
+            if mode == "decode":
+                return decoding(cap, tc, replay)
+            return prefill(cap, use_ragged=mode == "ragged")
+        finally:
+            for cls, attr, func in kept:
+                setattr(cls, attr, func)
+
+    saved = _provide(module, stand_in_only={
+        "create_flashinfer_kv_indices_triton": collections.defaultdict(lambda: gather), "get_attention_tp_size": lambda: 1,
+        "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=1, attn_dcp_size=1),
+        "get_forward_context": lambda: None})  # 0.5.10: None outside a piecewise CUDA graph
+    saved["fast_decode_plan"] = module.fast_decode_plan  # the replay's plans counted: FlashInfer's (the engine's to 0.5.2)
+    calls.watch("replay", module, ("fast_decode_plan",))
+    p_ref = lambda cap: _prefix_reference(q, k, v, p_cache.qo_indptr, lambda i: tuple(  # noqa: E731
+        p_cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), sm_scale, soft_cap=cap)
+    d_ref = lambda cap: _prefix_reference(dq, no_kv, no_kv, d_cache.qo_indptr, lambda i: (  # noqa: E731
+        d_cache.request_kv(i, "k"), d_cache.request_kv(i, "v")), sm_scale, soft_cap=cap)
+    base = dict(head, requests=[list(r) for r in requests], decode_kv_lens=list(decode), head_dim=head_dim, q_scale=q_scale)
+    cases = [("ragged extend over a cached prefix", "ragged", {}, p_ref), ("paged-only extend", "paged", {}, p_ref)]
+    for tc in tensor_cores:
+        name = "decode%s, CUDA-graph wrappers" % (", tensor cores" if tc else "")
+        cases += [(name + ", planned at capture", "decode", dict(tc=tc, replay=False), d_ref),
+                  (name + ", planned as a replay plans (fast_decode_plan)", "decode", dict(tc=tc), d_ref)]
+    try:
+        for cap in caps:
+            for name, mode, kw, ref_of in cases:
+                ref = ref_of(cap)
+                _pair(rows, dict(base, case="logit cap %g: %s" % (cap, name), cap=cap), run, original, live,
+                      lambda o, ref=ref: rel_l2(o, ref), mode=mode, cap=cap, **kw)
+        for name, mode, kw, _ in cases:
+            _pair(rows, dict(base, case="control: a model without a cap, " + name, cap=0.0), run, original, live,
+                  mode=mode, cap=0.0, **kw)
+        released = run(original, "ragged", caps[0])
+        return _revert(patch_id, rows, head, lambda: _same(run(live, "ragged", caps[0]), released))
     finally:
         module.__dict__.update(saved)
 

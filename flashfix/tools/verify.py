@@ -46,6 +46,7 @@ CHECKS = (
     ("merge-state-launch-limit", "sglang-merge-state-launch-limit", 0.01, "g.sglang_merge(patch, path)"),
     ("merge-state-fallback-lse", "sglang-merge-state-fallback-lse-base", 0.01, "g.sglang_merge(patch, path)"),
     ("mla-chunked-prefix-lse", "sglang-mla-chunked-prefix-lse-base", 0.01, "g.sglang_mla_chunk(patch, path)"),
+    ("softcap-plan", "sglang-flashinfer-logit-softcap-plan", 0.01, "g.sglang_softcap(patch, path)"),
     ("sink-jit-name", "flashinfer-sink-jit-name", 0.005, "g.sink_sequence([('bf16', 64), ('fp8', 64)])['rows']"),
     ("mla-prefill-lse", "vllm-mla-flashinfer-lse", 0.01, "g.vllm_lse(patch, path)"),
     ("dcp-prefill-lse", "vllm-dcp-prefill-lse", 0.01, "g.vllm_lse(patch, path)"),
