@@ -27,6 +27,7 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 
 
 import ast
+import sys
 
 from flashfix.core import lazy as _lazy
 from flashfix.core.registry import ABSENT, Shape, ShapeError
@@ -708,9 +709,11 @@ def model_logits_soft_cap(model_runner):
     """The attention logit soft cap that all of ``model_runner``'s attention layers share (their ``logit_cap``), or
     None where none caps (or there is no model to read). Layers that disagree, or cap by other than tanh (the one
     form FlashInfer has), raise: one plan serves every layer of a batch, so no cap would be right for all."""
-    model = getattr(model_runner, "model", None)
+    model, torch = getattr(model_runner, "model", None), sys.modules.get("torch")
+    if torch is None or not isinstance(model, torch.nn.Module):  # no model loaded (a stand-in runner: none to read)
+        return None
     caps, methods = {}, set()
-    for layer in model.modules() if callable(getattr(model, "modules", None)) else ():
+    for layer in model.modules():
         cap = getattr(layer, "logit_cap", None)
         if not isinstance(cap, (int, float)) or not hasattr(layer, "layer_id"):  # not an attention layer (RadixAttention)
             continue
