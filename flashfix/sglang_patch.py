@@ -760,7 +760,8 @@ _SOFT_CAP_INIT = dict(
     before="$SELF.q_data_type = $MR.dtype",
     after="$SELF.q_data_type = $MR.dtype\n$SELF.logits_soft_cap = model_logits_soft_cap($MR)",
     fixed="{name} reads the model's logit soft cap (`{form}`)",
-    buggy="{name} (line {line}) keeps no logit soft cap for its plans")
+    buggy="{name} (line {line}) keeps no logit soft cap for its plans, which FlashInfer then runs uncapped "
+          "(flashfix's own fix: no SGLang release has one; sglang#34093 and #38525 are open)")
 _SOFT_CAP_PLAN = dict(
     before="$W.begin_forward($$$A, **$$$KW, **$$$SPLAT)",  # SPLAT: 0.5.14's **paged_plan_kwargs (host layout only)
     after="$W.begin_forward($$$A, **$$$KW, **$$$SPLAT, **soft_cap_plan_kwargs($W.begin_forward, $SELF.logits_soft_cap))",

@@ -10,8 +10,6 @@ each patch, once all its target modules are imported:
    unrecognised -> ``unknown-shape``; pre-fix shape -> 3.
 3. version gate: the installed version must be inside ``versions`` (pre-releases and dev
    builds included), else ``unknown-shape``; ``requires`` unmet: ``known-unfixed``.
-   Where patches before it (registration order) rewrite a function it declares, 2 and 3 judge the
-   code they leave (``series_trees``): its fix made there is ``covered``; its ``before`` gone, ``unknown-shape``.
 4. ``prepare(modules)`` builds every change without touching anything (a ``ShapeError``
    here is ``unknown-shape``); the changes are then committed in order and, if one fails,
    the ones already made are undone: ``applied`` or ``failed``, never half.
