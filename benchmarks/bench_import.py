@@ -49,7 +49,7 @@ def run(python, env, code):
     return wall, int(line[0][7:]) / 1024
 
 
-def measure(requirement, pairs, mode, tmp):
+def measure(requirement, pairs, mode, tmp, decisions="prepared"):
     import engine_env
 
     python = engine_env.env_python(requirement)
@@ -58,6 +58,8 @@ def measure(requirement, pairs, mode, tmp):
     shutil.copytree(REPO / "flashfix", root / "flashfix", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHFIX_")}
     env.update(PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", FLASHFIX_LOG_LEVEL="WARNING")
+    if decisions == "none":
+        env["FLASHFIX_CACHE_DIR"] = "off"
     code = "import flashfix\n" + CHILD % (TARGETS[engine],)
     if mode == "compiled":
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -67,13 +69,15 @@ def measure(requirement, pairs, mode, tmp):
             run(python, dict(env, FLASHFIX_DISABLE=disable), code)
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if decisions == "prepared":  # the image build step: decisions stored beside flashfix's copy
+        subprocess.run([str(python), "-m", "flashfix", "prepare"], env=env, check=True, capture_output=True)
     active, disabled = [], []
     for i in range(pairs):
         order = (("active", ""), ("disabled", "all")) if i % 2 == 0 else (("disabled", "all"), ("active", ""))
         for name, disable in order:
             (active if name == "active" else disabled).append(run(python, dict(env, FLASHFIX_DISABLE=disable), code))
     return {
-        "release": requirement, "mode": mode, "pairs": pairs,
+        "release": requirement, "mode": mode, "pairs": pairs, "decisions": decisions,
         "disabled_s": statistics.median(d[0] for d in disabled), "active_s": statistics.median(a[0] for a in active),
         "ratio": statistics.median(a[0] / d[0] for a, d in zip(active, disabled)),
         "peak_added_mib": statistics.median(a[1] - d[1] for a, d in zip(active, disabled)),
@@ -84,15 +88,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--release", action="append")
+    parser.add_argument("--decisions", action="append", choices=("prepared", "none"),
+                        help="prepared: `flashfix prepare` run first (the image build step); none: FLASHFIX_CACHE_DIR=off "
+                             "(default: prepared)")
     args = parser.parse_args()
-    print("| release | bytecode | disabled | active | ratio (median of pairs) | peak RSS added |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| release | bytecode | decisions | disabled | active | ratio (median of pairs) | peak RSS added |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for requirement in args.release or ["sglang==0.5.17", "vllm==0.28.0"]:
-            for mode in ("not written", "compiled"):
-                r = measure(requirement, args.pairs, mode, tmp)
-                print("| %s | %s | %.2f s | %.2f s | %.3fx | %+.2f MiB |" % (
-                    r["release"], r["mode"], r["disabled_s"], r["active_s"], r["ratio"], r["peak_added_mib"]), flush=True)
+            for decisions in args.decisions or ["prepared"]:
+                for mode in ("not written", "compiled"):
+                    r = measure(requirement, args.pairs, mode, os.path.join(tmp, decisions), decisions)
+                    print("| %s | %s | %s | %.2f s | %.2f s | %.3fx | %+.2f MiB |" % (
+                        r["release"], r["mode"], decisions, r["disabled_s"], r["active_s"], r["ratio"],
+                        r["peak_added_mib"]), flush=True)
     print("(%d interleaved pairs of fresh processes per row; targets: %s; goal: <= 1.01x, <= +1 MiB)" % (
         args.pairs, "; ".join("%s: %s" % (k, ", ".join(v)) for k, v in TARGETS.items())))
 

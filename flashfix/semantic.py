@@ -30,6 +30,8 @@ arguments) serve ``after``. Every keyword, with its type: ``help(Backport)``; ho
 
 import ast
 import importlib
+import re
+import textwrap
 
 from flashfix.core import lazy as _lazy
 from flashfix.core import registry as _registry
@@ -78,6 +80,16 @@ class _Written:
         return getattr(self._built(), name)
 
 
+def _python(text, keyword):
+    """A pattern that is not Python fails when declared (the matcher compiles it when it is first used)."""
+    if text is None:
+        return
+    try:
+        ast.parse(textwrap.dedent(text).strip().replace("$$$", "__flashfix_many_").replace("$", "__flashfix_one_"))
+    except SyntaxError as exc:
+        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, exc.msg, exc.lineno, text)) from None
+
+
 class Rule(_Written):
     """One hunk of a declaration: ``before`` -> ``after`` inside ``module``'s ``function`` (the keywords:
     ``Backport``'s docstring), as written; the matcher compiles it when it is first used."""
@@ -85,6 +97,13 @@ class Rule(_Written):
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
         self.module, self.function = module, function
+        names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
+        self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
+        for keyword, text in (("before", before), ("after", after), ("where", where), ("inside", inside)) + tuple(
+                ("fixed_if", f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or ())):
+            _python(text, keyword)
+        for regex in (constraints or {}).values():
+            re.compile(regex)
         self.written = (module, function, before, after, dict(
             where=where, inside=inside, absent_unless_mentioned=absent_unless_mentioned, fixed=fixed, buggy=buggy,
             fixed_if=fixed_if, constraints=constraints, every=every))
@@ -93,12 +112,19 @@ class Rule(_Written):
         return _matcher.rule_of(self)
 
 
+def layouts(hunks, sites):
+    """Per release layout, one ``(module, function)`` per hunk (``sites``: ``Backport``'s)."""
+    return [s if isinstance(s[0], tuple) else (s,) + tuple((h.module, h.function) for h in hunks[1:])
+            for s in sites or ((hunks[0].module, hunks[0].function),)]
+
+
 class Declaration(_Written):
     """A backport's hunks, applied together, as written: the probe, the runtime changes and the diff plan are
     the matcher's ``Declaration``'s, built from it when first asked."""
 
     def __init__(self, id, hunks, sites, needs, context, check):
         self.id, self.hunks, self.sites_written, self.needs, self.context, self.check = id, hunks, sites, needs, context, check
+        self.layouts = layouts(hunks, sites)  # what the registry reads of a series without building the matcher
 
     def _built(self):
         return _matcher.declaration_of(self)
@@ -178,7 +204,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
     hunks = ((Rule(module, function, before, after, **rule),) if before is not None else ()) + tuple(hunks)
-    unbound = [(h.name, v) for h in hunks for v in h.unbound]  # compiles each hunk: a pattern that is not Python fails
+    unbound = [(h.function or h.module, v) for h in hunks for v in h.unbound]
     unbound = unbound if context is None else []
     if unbound:
         raise ValueError("backport %s: `after` of %s uses $%s, which neither `before` nor `where` binds" % ((id,) + unbound[0]))

@@ -36,6 +36,10 @@ import ast, gc, json, sys
 import flashfix
 from flashfix import flashinfer_patch, semantic, sglang_patch, vllm_patch  # noqa: F401  (every patch declared)
 from flashfix.core import matcher, render, source  # noqa: F401  (what applying a rewrite loads; kept: imported here)
+for mod in (flashinfer_patch, sglang_patch, vllm_patch):  # compiled and parsed, as judging them does
+    for p in mod.PATCHES:
+        for h in getattr(p.rule, "hunks", ()):
+            matcher.rule_of(h).before  # noqa: B018
 source.forget()
 gc.collect()
 readers = sorted(n for n, m in list(sys.modules.items()) if n.startswith("flashfix") and hasattr(m, "ZipReader"))

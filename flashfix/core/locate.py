@@ -208,9 +208,27 @@ def _asked(r, question, name, ask):
     return ask(name) if memo is None else memo[key]
 
 
+_reads = contextvars.ContextVar("flashfix_reads", default=None)  # within reads(): the modules found
+
+
+@contextlib.contextmanager
+def reads():
+    """``with reads() as seen:`` lists in ``seen`` the ``(module, file)`` of every ``find`` inside (no digest:
+    what a stored decision read, ``flashfix.core.decisions``)."""
+    seen = []
+    token = _reads.set(seen)
+    try:
+        yield seen
+    finally:
+        _reads.reset(token)
+
+
 def find(name):
     r = reader()
     found = _asked(r, "find", name, r.find)
+    seen = _reads.get()
+    if seen is not None and (name, found and found.origin) not in seen:
+        seen.append((name, found and found.origin))
     if found is not None and _recording.get() is not None:
         sha = _asked(r, "sha256", name, lambda _: _sha256_of(found))
         if sha is not None:

@@ -36,7 +36,7 @@ from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Shape, function_at  # noqa: F401
 from flashfix.core.source import NotBound, ShapeError, walk  # noqa: F401
-from flashfix.semantic import Block, lacks, needed_globals  # defined where they outlive this module
+from flashfix.semantic import Block, lacks, layouts, needed_globals  # defined where they outlive this module
 
 ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
 _DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
@@ -475,8 +475,7 @@ class Declaration:
 
     def __init__(self, id, hunks, sites, needs, context, check):
         self.id, self.hunks, self.needs, self.context, self.check = id, hunks, dict(needs or {}), context, check
-        self.layouts = [s if isinstance(s[0], tuple) else (s,) + tuple((h.module, h.function) for h in hunks[1:])
-                        for s in sites or ((hunks[0].module, hunks[0].function),)]
+        self.layouts = layouts(hunks, sites)
 
     def targets(self):
         """The module that defines the first hunk's function (from definitions, read when the

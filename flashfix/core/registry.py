@@ -379,6 +379,7 @@ _hooked = set()  # ids of the patches hooked to their targets (once, whichever e
 _hooked_to = {}  # target module -> the patches hooked to it, in order (see _hook_target)
 _series = {}  # (module, qualname) -> the patches judged to rewrite it in this process, in series order (see judge)
 _ahead = {}  # id -> (what the targets' source was, Shape, what prepare needs or None): see _read_ahead
+_origins = {}  # id -> the file its pack module was loaded from (what a stored decision is keyed by, with its source)
 _config_cache = []
 _logging_ready = []
 
@@ -457,8 +458,10 @@ def _declare(entry):
             return _declared[key]
         taken = [p.id for p in patches if p.id in _patches and _patches[p.id] is not p]
         if not taken:
+            origin = getattr(sys.modules.get(entry.value.partition(":")[0].strip()), "__file__", None) if entry.root is None else None
             for patch in patches:
                 register(patch)
+                _origins.setdefault(patch.id, origin)
             _declared[key] = patches
             return patches
     return _skip(key, entry, "the id %s is already taken by another pack or by flashfix" % ", ".join(taken))
@@ -592,7 +595,7 @@ def _hook_patch(patch, cfg):
         _set(patch, "disabled", cfg.disabled_reason(patch.id, patch.memory))
         return
     try:
-        targets = targets_of(patch)
+        targets = _stored_targets(patch, record["engine_version"])
     except Exception as exc:
         _set(patch, "unknown-shape", "cannot tell which modules to patch: %r" % (exc,))
         log.warning("%s: left untouched: %s", patch.id, record["reason"])
@@ -632,7 +635,17 @@ def _patches_on(target):
 
 
 def engine_version(dist):
-    return _locate.version(dist)
+    if "flashfix.core.locate" in sys.modules:  # the doctor may read another environment (``_locate.reading``)
+        return _locate.version(dist)
+    from importlib import metadata  # an engine process: its own environment, read without the source reader
+
+    try:
+        found = metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return None
+    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
+    return next((line.split(":", 1)[1].strip() for line in text.partition("\n\n")[0].splitlines()
+                 if line.lower().startswith("version:")), None)
 
 
 def in_range(patch, version, specifiers=None):
@@ -681,9 +694,9 @@ def judge(patch, trees, version, series=None, shape=None, rank=None):
         shape = shape._replace(reason="%s (on the code %s leave(s))" % (shape.reason, names))
     if shape.kind == BUGGY:
         if in_range(patch, version):  # then what the fix requires: read only where it would apply
-            reader, unmet, depends = _locate.reader(), [], []
+            unmet, depends = [], []
             for d, s in sorted((patch.requires or {}).items()):
-                v = _locate.version(d)
+                reader, v = _locate.reader(), engine_version(d)
                 declared = getattr(reader, "requirement", lambda d: None)(d) if v is None else None
                 if declared:  # a release read, not installed: the installer picks within its declared range
                     depends.append((d, "%s%s needed, the release allows %s%s" % (d, s, d, declared)))
@@ -833,8 +846,7 @@ def _read_ahead(patch, running):
             return
     try:
         version, read = record["engine_version"], _read(targets)
-        shape = shape_of(patch, read_trees(targets), version)
-        made = patch.rule.ahead() if judge(patch, None, version, shape=shape)[0] == "patch" else None
+        shape, made = _stored(patch, version, read, made=True)
         with _lock:
             _ahead[patch.id] = (read, shape, made)
     except Exception as exc:
@@ -842,6 +854,77 @@ def _read_ahead(patch, running):
         log.debug("%s: nothing read ahead of %s, decided once it is imported: %r", patch.id, running, exc)
     finally:
         _lazy.forget()
+
+
+def _stored(patch, version, read, made):
+    """``(shape, made)`` for ``patch`` on the source ``read``: a stored decision where one was made on that very
+    source (``flashfix.core.decisions``), else judged now (and ``made`` by ``rule.ahead()`` where asked and it
+    applies), then stored."""
+    from flashfix.core import decisions as _decisions
+
+    name = _decisions.key(patch, _origins.get(patch.id), version, read)
+    found = _decisions.load(name)
+    if found is not None:
+        log.debug("%s: decided from the decision stored for this source (%s)", patch.id, name)
+        return Shape(*found[0]), found[1]
+    with _locate.reads() as seen:
+        shape = shape_of(patch, read_trees(t for t, _, _ in read), version)
+        ahead = made and callable(getattr(patch.rule, "ahead", None))
+        made = patch.rule.ahead() if ahead and judge(patch, None, version, shape=shape)[0] == "patch" else None
+    if _decisions.writing():  # ``flashfix prepare``: an engine process only reads stored decisions
+        deps = [(m, f) for m, f in seen if m not in {t for t, _, _ in read}]
+        _decisions.store(name, deps, shape, made)
+    return shape, made
+
+
+def _stored_targets(patch, version):
+    """``targets_of(patch)`` in an engine process: where a declaration tells its targets by reading the source
+    (its ``sites``), what ``flashfix prepare`` stored for these files, else read now."""
+    if not callable(patch.targets):
+        return tuple(patch.targets)
+    from flashfix.core import decisions as _decisions
+
+    name = _decisions.key(patch, _origins.get(patch.id), version, (("targets", "", ""),))
+    found = _decisions.load(name)
+    if found is not None:
+        return tuple(found[0])
+    with _locate.reads() as seen:
+        targets = targets_of(patch)
+    if _decisions.writing():
+        _decisions.store(name, seen, targets, None)
+    return targets
+
+
+def prepare_decisions():
+    """``flashfix prepare``: store the decision of every patch of the engines installed here, read from source as an
+    engine process would read it just before its targets run. ``[(id, what happened)]``."""
+    from flashfix.core import decisions as _decisions
+
+    done = []
+    _decisions._forced.append(True)
+    try:
+        for patch in load_all():
+            version = engine_version(patch.engine)
+            if version is None:
+                continue  # an engine not installed here
+            try:
+                targets = _stored_targets(patch, version)
+                found = [_locate.find(name) for name in targets]
+                read = tuple((n, f.origin, _digest(f.text)) for n, f in zip(targets, found) if f is not None and f.text)
+                name = _decisions.key(patch, _origins.get(patch.id), version, read)
+                if name is None or len(read) != len(targets):
+                    done.append((patch.id, "not stored: a target module or its source is missing"))
+                    continue
+                had = _decisions.load(name) is not None
+                shape = _stored(patch, version, read, made=True)[0]
+                done.append((patch.id, "%s (%s)" % ("already stored" if had else "stored", shape.kind)))
+            except Exception as exc:
+                done.append((patch.id, "not stored: %r" % (exc,)))
+            finally:
+                _lazy.forget()
+    finally:
+        _decisions._forced.pop()
+    return done
 
 
 def read_source(path):
@@ -866,6 +949,12 @@ def loader_source(loader, name, origin):
     return None
 
 
+def _digest(text):
+    from flashfix.core.decisions import digest
+
+    return digest(text)
+
+
 def _read(targets):
     """What each target's own loader reads now (``loader_source``, as the swap's check reads it): its file
     and a hash of its source text. Asked of the module's spec, not of the reader, which deciding after the import
@@ -875,7 +964,7 @@ def _read(targets):
         spec = getattr(sys.modules.get(name), "__spec__", None)
         origin = getattr(spec, "origin", None)
         text = loader_source(getattr(spec, "loader", None), name, origin)
-        read.append((name, origin, None if text is None else hash(text)))
+        read.append((name, origin, None if text is None else _digest(text)))
     return tuple(read)
 
 
@@ -909,6 +998,9 @@ def _decide(patch, record):
     earlier = _earlier(patch, series, _rank)
     if earlier:
         ahead = record["ahead"] = None  # judged and compiled on the code the patches before it leave
+    elif ahead is None:  # not read ahead (imported before flashfix ran): stored, or judged now
+        read = _read(targets)
+        ahead = (read,) + _stored(patch, version, read, made=False)
     trees = None if ahead else read_trees(targets)
     verdict, reason = judge(patch, trees, version, series, ahead and ahead[1], _rank)
     if verdict == "patch":

@@ -1,4 +1,4 @@
-"""``flashfix`` command line: ``doctor``, ``diff`` and ``verify``."""
+"""``flashfix`` command line: ``doctor``, ``diff``, ``verify`` and ``prepare``."""
 
 import argparse
 import contextlib
@@ -70,7 +70,12 @@ def main(argv=None):
                              "module is loaded with stand-ins for the engine modules it imports")
     verify.add_argument("--only", type=lambda s: s.split(","), default=(), metavar="ID[,ID]",
                         help="run the numeric checks of these patch ids only")
+    sub.add_parser("prepare", help="store the decision of every patch for the engines installed here, so that engine "
+                                   "processes reuse it instead of reading their source again (an image build step, "
+                                   "as compileall is); where: FLASHFIX_CACHE_DIR")
     args = parser.parse_args(argv)
+    if args.command == "prepare":
+        return _prepare()
     from flashfix.core import locate as _locate
 
     try:
@@ -92,6 +97,22 @@ def main(argv=None):
     except _locate.SourceError as exc:
         sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
         return 2
+
+
+def _prepare():
+    from flashfix.core import decisions as _decisions
+    from flashfix.core import registry as _registry
+
+    folder = _decisions.directory()
+    if folder is None:
+        sys.stderr.write("flashfix prepare: FLASHFIX_CACHE_DIR=%s turns the decision cache off\n" % _decisions.os.environ["FLASHFIX_CACHE_DIR"])
+        return 2
+    done = _registry.prepare_decisions()
+    for pid, what in done:
+        print("%-48s %s" % (pid, what))
+    stored = sum(1 for _, what in done if not what.startswith("not stored"))
+    print("%d of %d decisions stored in %s" % (stored, len(done), folder))
+    return 0
 
 
 if __name__ == "__main__":
