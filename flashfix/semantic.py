@@ -156,7 +156,7 @@ class Declaration(_Written):
         module = target(made[0][0])
         if self.check is not None:
             self.check(module)
-        return needed_globals(module, names, self.needs or {}) + swaps
+        return [g for m, read in names.items() for g in needed_globals(target(m), read, self.needs or {})] + swaps
 
 
 def lacks(name, modname, needs):

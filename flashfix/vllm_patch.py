@@ -29,15 +29,16 @@ NVFP4_REFUSAL = ("FlashInfer cannot prefill with attention sinks from an NVFP4 K
 # argument-less ``supports_trtllm_attention()`` of builds up to 0.24 (whose ``use_trtllm_attention(
 # has_sinks=True)`` then routes prefill and decode of a sink model to trtllm-gen), or one asked
 # ``is_prefill=True``. A gate returning nothing or False refuses sinks.
-_TRTLLM_PREFILL = [pattern(p % f) for f in ("supports_trtllm_attention", "$_.supports_trtllm_attention")
-                   for p in ("%s()", "%s(is_prefill=True, **$$$_)")]
+# Built when a probe runs, not at import: an engine process deciding from stored decisions builds no pattern.
+_TRTLLM_PREFILL = lambda: [pattern(p % f) for f in ("supports_trtllm_attention", "$_.supports_trtllm_attention")  # noqa: E731
+                           for p in ("%s()", "%s(is_prefill=True, **$$$_)")]
 # A capability test of vLLM's platform interface: ``P.is_device_capability[_family](N)``.
-_CAPABILITY = [pattern("$P.%s($C)" % name) for name in ("is_device_capability", "is_device_capability_family")]
+_CAPABILITY = lambda: [pattern("$P.%s($C)" % name) for name in ("is_device_capability", "is_device_capability_family")]  # noqa: E731
 
 
 def _admits_no_generic_prefill(value):
     return (value is None or isinstance(value, ast.Constant) and value.value is False
-            or any(find(p, [value]) for p in _TRTLLM_PREFILL))
+            or any(find(p, [value]) for p in _TRTLLM_PREFILL()))
 
 
 def _capability_receivers(test, local_names):
@@ -45,7 +46,7 @@ def _capability_receivers(test, local_names):
     ShapeError otherwise."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
         return set().union(*(_capability_receivers(value, local_names) for value in test.values))
-    for p in _CAPABILITY:
+    for p in _CAPABILITY():
         b = {}
         if (match(p, test, b) and isinstance(b["P"], ast.Name) and b["P"].id not in local_names
                 and isinstance(b["C"], ast.Constant) and type(b["C"].value) is int):
@@ -435,13 +436,13 @@ PATCHES += (WORKSPACE_SIZE,)
 
 # --- vLLM PR #53111: XQA decode given a head_dim it cannot serve --------------------------------
 
-_DECODE_KERNEL = pattern("$_.flashinfer_trtllm_api_decode_kernel")
+_DECODE_KERNEL = "$_.flashinfer_trtllm_api_decode_kernel"
 
 
 def _xqa_decode(tree, func):
     """Before 0.25 the builder chooses no XQA decode kernel (nothing to fall back from). Only the
     function is read: walking the module would parse all of its runs (+0.4 MiB on vLLM 0.28.0)."""
-    return {} if find(_DECODE_KERNEL, [func]) else Shape(
+    return {} if find(pattern(_DECODE_KERNEL), [func]) else Shape(
         ABSENT, "%s.__init__ chooses no FlashInfer decode kernel (no XQA decode in this release)" % BUILDER)
 
 

@@ -119,7 +119,7 @@ def _fake_run(site, store, order="ahead"):
 
 def _prepare(site, store):
     (r,), _ = run_py(FAKE_PREPARE, site=site, env={"FLASHFIX_CACHE_DIR": str(store)})
-    assert r["code"] == 0 and any(l.startswith("fake-compute") and "stored (buggy)" in l for l in r["lines"]), r
+    assert r["code"] == 0 and any(l.startswith("fake-compute") and "stored (patch)" in l for l in r["lines"]), r
     return r
 
 

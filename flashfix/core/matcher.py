@@ -525,7 +525,7 @@ class Declaration:
         given = self.context(trees[located[0][1]], located[0][3]) if self.context is not None else {}
         if isinstance(given, Shape):
             return given, None, None
-        out, first, names = [], None, set()
+        out, first, names = [], None, {}  # module -> the names its new code reads
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
             odd = [ast.unparse(d) for d in getattr(func, "decorator_list", ()) if isinstance(func, ast.FunctionDef)
@@ -540,13 +540,13 @@ class Declaration:
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
                 _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
-            names.update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
+            names.setdefault(modname, set()).update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
             out.append((rule, modname, qualname, func))
-        modname = located[0][1]  # the names the new code reads, as prepare() asks the imported module
-        lacking = [n for n in sorted(names) if not _source.binds(modname, n, tree=trees[modname])
-                   and not (n in self.needs and _provides(self.needs[n], n))]
-        if lacking:
-            return Shape(UNKNOWN, lacks(lacking[0], modname, self.needs)), None, None
+        for modname, read in names.items():  # the names each hunk's new code reads, as prepare() asks its module
+            lacking = [n for n in sorted(read) if not _source.binds(modname, n, tree=trees[modname])
+                       and not (n in self.needs and _provides(self.needs[n], n))]
+            if lacking:
+                return Shape(UNKNOWN, lacks(lacking[0], modname, self.needs)), None, None
         if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
             first = first._replace(reason="%s; decided at import: %s" % (first.reason, " ".join((
                 self.check.__doc__ or self.check.__name__).split("\n\n")[0].split())))
@@ -586,11 +586,11 @@ class Declaration:
         ``([(module, qualname, unedited, marked, plain)], names)``; None where a hunk changes a class body or a
         module's top level (``prepare`` then reads the imported code, as it does where the loaded code differs)."""
         located, given = self._plan(_source.module_ast)
-        names, made = set(), []
+        names, made = {}, []
         for rule, modname, qualname, node in located:
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return None
-            edit, mark = functools.partial(rule.edit, given=given, names=names), _source.marker(_registry.site_of(self.id, qualname))
+            edit, mark = functools.partial(rule.edit, given=given, names=names.setdefault(modname, set())), _source.marker(_registry.site_of(self.id, qualname))
             made.append((modname, qualname) + _source.rewrite_ahead(_source.module_ast(modname), qualname, node, lambda n: edit(
                 n, mark), functools.partial(rule.touches, given=given)))
         return made, names
@@ -602,10 +602,10 @@ class Declaration:
         module = modules.get(located[0][1]) or importlib.import_module(located[0][1])
         if self.check is not None:
             self.check(module)
-        names, swaps = set(), []
+        names, swaps = {}, []
         for rule, modname, qualname, node in located:
             target = modules.get(modname) or importlib.import_module(modname)
-            edit = functools.partial(rule.edit, given=given, names=names)
+            edit = functools.partial(rule.edit, given=given, names=names.setdefault(modname, set()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 swaps.append(_registry.rewrite(function_at(target, qualname), edit, self.id,
                                                functools.partial(rule.touches, given=given)))
@@ -641,18 +641,19 @@ class Declaration:
                                            "not bound" if bound is _MISSING else "bound to something else",
                                            statement.lineno, condition.lineno, target.__name__,
                                            "" if bound is _MISSING else ", or later code rebound it"))
-            needed = {a.name: a.value for a in needed_globals(target, names, self.needs)}  # ``needs``: read by the new statements
+            needed = {a.name: a.value for a in needed_globals(target, names[modname], self.needs)}  # ``needs``: read by the new statements
             space = dict(vars(owner), **needed)
             exec(code, vars(target), space)
             swaps += [_registry.SetAttr(owner, k, v, self.id) for k, v in space.items()
                       if vars(owner).get(k, space) is not v and needed.get(k, space) is not v]
-        return needed_globals(module, names, self.needs) + swaps
+        return [g for m, read in names.items()  # each hunk's module gets the globals its new code reads
+                for g in needed_globals(modules.get(m) or importlib.import_module(m), read, self.needs)] + swaps
 
     def plan(self, planner):
         located, given = self._plan(_source.module_ast)
-        names, start = set(), len(planner.changes)
+        names, start = {}, len(planner.changes)
         for rule, modname, qualname, node in located:
-            edit = functools.partial(rule.edit, given=given, names=names)
+            edit = functools.partial(rule.edit, given=given, names=names.setdefault(modname, set()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 planner.rewrite(modname, qualname, edit)
             else:
@@ -663,9 +664,9 @@ class Declaration:
                                                      _body(tree, node, edit, touches=functools.partial(
                                                          rule.touches, given=given))[0], None, None))
         swaps, planner.changes[start:] = planner.changes[start:], []
-        modname = located[0][1]
-        for name in sorted(n for n in names if n in self.needs and not _source.binds(modname, n)):  # the probe checked
-            planner.add_name(modname, name, self.needs[name], name)
+        for modname, read in names.items():
+            for name in sorted(n for n in read if n in self.needs and not _source.binds(modname, n)):  # the probe checked
+                planner.add_name(modname, name, self.needs[name], name)
         planner.changes.extend(swaps)  # the runtime's order: the globals first, then the code
 
 

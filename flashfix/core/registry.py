@@ -668,12 +668,13 @@ def read_trees(targets):
     return {name: _source.module_ast(name) for name in targets}
 
 
-def judge(patch, trees, version, series=None, shape=None, rank=None):
+def judge(patch, trees, version, series=None, shape=None, rank=None, on_series=None):
     """The doctor verdict and reason for ``patch`` given its targets' ASTs (or their ``shape``, read before,
     see ``_read_ahead``) and the version. ``series``: ``{(module, qualname): [Patch, ...]}``, the patches judged
     to rewrite each function so far (the runtime's, or one doctor run's): where one comes before ``patch``
     (``rank``: its place in the series order; default: every one listed does), ``patch`` is judged on the code
-    they leave (``series_trees``), and joins the series where it would apply."""
+    they leave (``series_trees``; ``on_series``: its shape there, read before), and joins the series where it
+    would apply."""
     shape = shape_of(patch, trees, version) if shape is None else shape
     if shape.kind == FIXED:
         return "fixed-upstream", shape.reason
@@ -683,8 +684,7 @@ def judge(patch, trees, version, series=None, shape=None, rank=None):
     if earlier:  # judged on what the patches before it in the series leave
         names = ", ".join(p.id for p in earlier)
         try:
-            copies = series_trees(earlier, trees)
-            shape = shape_of(patch, dict(trees or {}, **copies), version)
+            shape = on_series or shape_of(patch, dict(trees or {}, **series_trees(earlier, trees)), version)
         except ShapeError as exc:
             shape = Shape(UNKNOWN, str(exc))
         if shape.kind == FIXED:
@@ -856,21 +856,30 @@ def _read_ahead(patch, running):
         _lazy.forget()
 
 
-def _stored(patch, version, read, made):
+def _stored(patch, version, read, made, earlier=()):
     """``(shape, made)`` for ``patch`` on the source ``read``: a stored decision where one was made on that very
     source (``flashfix.core.decisions``), else judged now (and ``made`` by ``rule.ahead()`` where asked and it
-    applies), then stored."""
+    applies), then stored. ``earlier``: the patches before it in a series: its shape on the code they leave."""
     from flashfix.core import decisions as _decisions
 
-    name = _decisions.key(patch, _origins.get(patch.id), version, read)
+    before = tuple(("series " + p.id, str(_origins.get(p.id)), str(_decisions._stat(_origins.get(p.id)))) for p in earlier)
+    name = _decisions.key(patch, _origins.get(patch.id), version, read + before)
     found = _decisions.load(name)
     if found is not None:
         log.debug("%s: decided from the decision stored for this source (%s)", patch.id, name)
         return Shape(*found[0]), found[1]
     with _locate.reads() as seen:
-        shape = shape_of(patch, read_trees(t for t, _, _ in read), version)
-        ahead = made and callable(getattr(patch.rule, "ahead", None))
-        made = patch.rule.ahead() if ahead and judge(patch, None, version, shape=shape)[0] == "patch" else None
+        trees = read_trees(t for t, _, _ in read)
+        if earlier:
+            try:
+                shape, made = shape_of(patch, dict(trees, **series_trees(earlier, trees)), version), None
+            except ShapeError as exc:
+                shape, made = Shape(UNKNOWN, str(exc)), None
+        else:
+            shape = shape_of(patch, trees, version)
+            ahead = made and callable(getattr(patch.rule, "ahead", None))
+            made = patch.rule.ahead() if ahead and judge(patch, None, version, shape=shape)[0] == "patch" else None
+        del trees
     if _decisions.writing():  # ``flashfix prepare``: an engine process only reads stored decisions
         deps = [(m, f) for m, f in seen if m not in {t for t, _, _ in read}]
         _decisions.store(name, deps, shape, made)
@@ -900,10 +909,10 @@ def prepare_decisions():
     engine process would read it just before its targets run. ``[(id, what happened)]``."""
     from flashfix.core import decisions as _decisions
 
-    done = []
+    done, series = [], {}
     _decisions._forced.append(True)
     try:
-        for patch in load_all():
+        for patch in load_all():  # in series order, each judged on what the patches before it leave, as at run time
             version = engine_version(patch.engine)
             if version is None:
                 continue  # an engine not installed here
@@ -917,7 +926,10 @@ def prepare_decisions():
                     continue
                 had = _decisions.load(name) is not None
                 shape = _stored(patch, version, read, made=True)[0]
-                done.append((patch.id, "%s (%s)" % ("already stored" if had else "stored", shape.kind)))
+                earlier = _earlier(patch, series, _rank)
+                on_series = _stored(patch, version, read, False, earlier)[0] if earlier else None
+                verdict = judge(patch, None, version, series, shape, _rank, on_series)[0]
+                done.append((patch.id, "%s (%s)" % ("already stored" if had else "stored", verdict)))
             except Exception as exc:
                 done.append((patch.id, "not stored: %r" % (exc,)))
             finally:
@@ -996,13 +1008,14 @@ def _decide(patch, record):
     with _lock:
         series = {f: list(members) for f, members in _series.items()}
     earlier = _earlier(patch, series, _rank)
-    if earlier:
-        ahead = record["ahead"] = None  # judged and compiled on the code the patches before it leave
-    elif ahead is None:  # not read ahead (imported before flashfix ran): stored, or judged now
+    if ahead is None:  # not read ahead (imported before flashfix ran): stored, or judged now
         read = _read(targets)
         ahead = (read,) + _stored(patch, version, read, made=False)
-    trees = None if ahead else read_trees(targets)
-    verdict, reason = judge(patch, trees, version, series, ahead and ahead[1], _rank)
+    on_series = trees = None
+    if earlier:  # judged and compiled on the code the patches before it leave, not on what was made ahead
+        ahead, record["ahead"] = ahead[:2] + (None,), False
+        on_series = _stored(patch, version, ahead[0], False, earlier)[0]
+    verdict, reason = judge(patch, trees, version, series, ahead[1], _rank, on_series)
     if verdict == "patch":
         _join_series(patch, series)
     else:
