@@ -57,17 +57,22 @@ for name in %r:
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 print("RESULT=%%d" %% int(status["VmHWM"].split()[0]))
 print("OWN=%%.4f" %% OWN[0])
+print("FROM=" + flashfix.__file__)
 '''
 
 
 def run(python, env, code):
-    start = time.perf_counter()
-    proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    start = time.perf_counter()  # run from the copy's folder: ``-c`` puts the working directory first on sys.path
+    proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=env["PYTHONPATH"])
     wall = time.perf_counter() - start
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT=")]
     own = [float(l[4:]) for l in proc.stdout.splitlines() if l.startswith("OWN=")]
     if not line:
         raise SystemExit("child failed:\n%s" % proc.stderr[-3000:])
+    where = [l[5:] for l in proc.stdout.splitlines() if l.startswith("FROM=")]
+    if not where or not where[0].startswith(env["PYTHONPATH"]):
+        raise SystemExit("the child imported flashfix from %s, not from the copy in %s" % (where, env["PYTHONPATH"]))
     return wall, int(line[0][7:]) / 1024, own[0] if own else 0.0
 
 
@@ -92,7 +97,7 @@ def measure(requirement, pairs, mode, tmp, decisions="prepared"):
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     if decisions == "prepared":  # the image build step: decisions stored beside flashfix's copy
-        subprocess.run([str(python), "-m", "flashfix", "prepare"], env=env, check=True, capture_output=True)
+        subprocess.run([str(python), "-m", "flashfix", "prepare"], env=env, check=True, capture_output=True, cwd=str(root))
     active, disabled = [], []
     for i in range(pairs):
         order = (("active", ""), ("disabled", "all")) if i % 2 == 0 else (("disabled", "all"), ("active", ""))

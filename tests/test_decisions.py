@@ -155,3 +155,11 @@ def test_a_changed_declaration_or_a_damaged_entry_is_judged_from_source(fake_sit
     assert (r["state"], r["value"], r["stored"]) == ("applied", 3, False), r
     off = _fake_run(site, "off")
     assert (off["state"], off["stored"]) == ("applied", False), off
+
+
+def test_prepare_says_when_it_cannot_write(fake_site, tmp_path):
+    site, blocker = fake_site(), tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    (r,), proc = run_py(FAKE_PREPARE, site=site, env={"FLASHFIX_CACHE_DIR": str(blocker / "decisions")})
+    assert r["code"] == 1 and any(l.startswith("fake-compute") and "cannot be written" in l for l in r["lines"]), r
+    assert "cannot be written: run it as who installs flashfix" in proc.stderr, proc.stderr

@@ -929,6 +929,9 @@ def prepare_decisions():
                 earlier = _earlier(patch, series, _rank)
                 on_series = _stored(patch, version, read, False, earlier)[0] if earlier else None
                 verdict = judge(patch, None, version, series, shape, _rank, on_series)[0]
+                if _decisions.load(name) is None:
+                    done.append((patch.id, "not stored: %s cannot be written (%s)" % (_decisions.directory(), verdict)))
+                    continue
                 done.append((patch.id, "%s (%s)" % ("already stored" if had else "stored", verdict)))
             except Exception as exc:
                 done.append((patch.id, "not stored: %r" % (exc,)))

@@ -112,6 +112,10 @@ def _prepare():
         print("%-48s %s" % (pid, what))
     stored = sum(1 for _, what in done if not what.startswith("not stored"))
     print("%d of %d decisions stored in %s" % (stored, len(done), folder))
+    if any("cannot be written" in what for _, what in done):
+        sys.stderr.write("flashfix prepare: %s cannot be written: run it as who installs flashfix, or set "
+                         "FLASHFIX_CACHE_DIR to a folder engine processes can read\n" % folder)
+        return 1
     return 0
 
 
