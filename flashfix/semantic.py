@@ -80,14 +80,22 @@ class _Written:
         return getattr(self._built(), name)
 
 
-def _python(text, keyword):
-    """A pattern that is not Python fails when declared (the matcher compiles it when it is first used)."""
-    if text is None:
-        return
+ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
+
+
+def pattern_source(text):
+    """A pattern snippet as the Python source ``ast.parse`` reads (the matcher's ``pattern`` parses it)."""
+    return textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)
+
+
+def parse_pattern(text, keyword="pattern"):
+    """``(source, its ast.Module body)``; a pattern that is not Python is a ValueError naming ``keyword``."""
+    src = pattern_source(text)
     try:
-        ast.parse(textwrap.dedent(text).strip().replace("$$$", "__flashfix_many_").replace("$", "__flashfix_one_"))
+        return src, ast.parse(src).body
     except SyntaxError as exc:
-        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, exc.msg, exc.lineno, text)) from None
+        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (
+            keyword, exc.msg.replace(MANY, "$$$").replace(ONE, "$"), exc.lineno, text)) from None
 
 
 class Rule(_Written):
@@ -101,7 +109,8 @@ class Rule(_Written):
         self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
         for keyword, text in (("before", before), ("after", after), ("where", where), ("inside", inside)) + tuple(
                 ("fixed_if", f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or ())):
-            _python(text, keyword)
+            if text is not None:  # a pattern that is not Python fails when declared; the matcher compiles it when used
+                parse_pattern(text, keyword)
         for regex in (constraints or {}).values():
             re.compile(regex)
         self.written = (module, function, before, after, dict(

@@ -25,6 +25,8 @@ class Engine:
         return "other"
 '''
 
+FIXED_ENGINE = FAKE_ENGINE.replace("helper(x, 1)", "helper(x, 2)")  # the fake engine once the fix is in
+
 FAKE_PATCHES = '''
 import ast
 from flashfix.core import registry as _registry

@@ -1,7 +1,7 @@
 """The patching mechanism, with a fake engine (the only fake in the suite). Every scenario
 runs in a fresh interpreter because import order is what is being tested."""
 
-from conftest import run_py
+from conftest import FIXED_ENGINE, run_py
 
 
 def test_hook_fires_on_later_import(fake_site):
@@ -244,17 +244,6 @@ def test_status_lists_every_patch_without_importing_engines():
     assert r["heavy"] == []
 
 
-FIXED_ENGINE = '''
-def helper(a, b):
-    return a + b
-
-class Engine:
-    def compute(self, x):
-        return helper(x, 2)
-
-    def other(self):
-        return "other"
-'''
 
 
 def test_revert_by_id_and_unknown_id(fake_site):

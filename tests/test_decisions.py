@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 import engine_env  # noqa: E402
-from conftest import run_py  # noqa: E402
+from conftest import FIXED_ENGINE, run_py  # noqa: E402
 
 SGLANG_TARGETS = ["sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.configs.model_config",
                   "sglang.srt.model_executor.runner.flashinfer_autotune", "sglang.srt.model_executor.model_runner"]
@@ -74,17 +74,6 @@ def test_stored_decisions_on_sglang_decide_as_the_source_does(tmp_path):
     assert cached["code"] == fresh["code"] and len(fresh["code"]) >= 6, sorted(fresh["code"])
 
 
-FIXED_ENGINE = '''
-def helper(a, b):
-    return a + b
-
-class Engine:
-    def compute(self, x):
-        return helper(x, 2)
-
-    def other(self):
-        return "other"
-'''
 
 FAKE_PREPARE = '''
 import contextlib, io

@@ -24,6 +24,7 @@ import os
 import sys
 
 import flashfix
+from flashfix.core.config import FALSE
 
 FORMAT = 1
 _found = {}  # the fingerprint of flashfix's own files, made once a process
@@ -38,7 +39,7 @@ def directory():
     """The cache folder, or None where the cache is off."""
     chosen = os.environ.get("FLASHFIX_CACHE_DIR")
     if chosen is not None:
-        return None if chosen.strip().lower() in ("", "off", "0", "no", "false") else chosen
+        return None if chosen.strip().lower() in FALSE else chosen
     return os.path.join(os.path.dirname(os.path.abspath(flashfix.__file__)), "__pycache__", "decisions")
 
 

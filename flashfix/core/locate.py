@@ -27,8 +27,10 @@ import os
 import sys
 from collections import namedtuple
 
-from flashfix.core.registry import loader_source as _loader_source, read_source as _read  # noqa: F401  (defined
-# in the registry, which every process imports: flashfix.core.lazy)
+from flashfix.core.registry import distribution as _distribution, installed_version as _installed_version  # noqa: F401
+from flashfix.core.registry import loader_source as _loader_source, metadata_version as _metadata_version  # noqa: F401
+from flashfix.core.registry import read_source as _read  # noqa: F401  (these are defined in the registry, which every
+# process imports, flashfix.core.lazy: an engine process reads its engines' versions without this module)
 
 # text None: the module exists but has no source; sha256 of the bytes read (None: not computed)
 Found = namedtuple("Found", "name origin text sha256", defaults=(None,))
@@ -121,17 +123,11 @@ class ImportSystem:
                 pass  # located below as if it were not imported
         return _meta_path_spec(name, path)
 
-    def _distribution(self, dist):
-        from importlib import metadata
+    def _distribution(self, dist):  # a reader of other folders finds them there (``paths.PathReader``)
+        return _distribution(dist)
 
-        try:
-            return metadata.distribution(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    def version(self, dist):  # ``Distribution.version`` parses the whole METADATA (vLLM's: 9 ms); its headers do
-        found = self._distribution(dist)
-        return found and _metadata_version(found.read_text("METADATA") or found.read_text("PKG-INFO") or "")[1]
+    def version(self, dist):
+        return _installed_version(dist, self._distribution)
 
     def version_source(self, dist):
         """``(file, sha256)`` of the metadata ``version(dist)`` reads, or None."""
@@ -142,15 +138,6 @@ class ImportSystem:
 
     def describe(self):
         return self.label
-
-
-def _metadata_version(text):
-    import textwrap
-    from email.parser import HeaderParser
-
-    headers = HeaderParser().parsestr(text.replace("\r\n", "\n").partition("\n\n")[0])  # the body is no header
-    redent = lambda v: v if not v or "\n" not in v else textwrap.dedent(" " * 8 + v)  # noqa: E731  (as importlib.metadata)
-    return redent(headers.get("Name")), redent(headers.get("Version"))
 
 
 def provenance_of(r, found):
@@ -181,15 +168,19 @@ _recording = contextvars.ContextVar("flashfix_recording", default=None)
 
 
 @contextlib.contextmanager
+def _collecting(var):
+    items = []
+    token = var.set(items)
+    try:
+        yield items
+    finally:
+        var.reset(token)
+
+
 def recording():
     """``with recording() as files:`` lists in ``files`` every module source and distribution
     metadata read through ``find``/``version`` inside, with their sha256 (provenance)."""
-    files = []
-    token = _recording.set(files)
-    try:
-        yield files
-    finally:
-        _recording.reset(token)
+    return _collecting(_recording)
 
 
 def _note(entry):
@@ -211,16 +202,10 @@ def _asked(r, question, name, ask):
 _reads = contextvars.ContextVar("flashfix_reads", default=None)  # within reads(): the modules found
 
 
-@contextlib.contextmanager
 def reads():
     """``with reads() as seen:`` lists in ``seen`` the ``(module, file)`` of every ``find`` inside (no digest:
     what a stored decision read, ``flashfix.core.decisions``)."""
-    seen = []
-    token = _reads.set(seen)
-    try:
-        yield seen
-    finally:
-        _reads.reset(token)
+    return _collecting(_reads)
 
 
 def find(name):

@@ -36,19 +36,14 @@ from flashfix.core import registry as _registry
 from flashfix.core import source as _source
 from flashfix.core.registry import ABSENT, BUGGY, FIXED, UNKNOWN, Shape, function_at  # noqa: F401
 from flashfix.core.source import NotBound, ShapeError, walk  # noqa: F401
-from flashfix.semantic import Block, lacks, layouts, needed_globals  # defined where they outlive this module
-
-ONE, MANY = "__ffx_1_", "__ffx_n_"  # what $X / $$$X become before ast.parse
+from flashfix.semantic import MANY, ONE, Block, lacks, layouts, needed_globals, parse_pattern  # defined where they
+# outlive this module (``Backport`` checks its patterns without it)
 _DESCRIPTOR = re.compile(r"(^|\.)(property|cached_property|setter|getter|deleter)$")  # they bind no function
 
 
 def pattern(text, keyword="pattern"):
     """The AST of a pattern snippet: an expression, a statement, or a ``Block`` of statements."""
-    src = textwrap.dedent(text).strip().replace("$$$", MANY).replace("$", ONE)
-    try:
-        body = ast.parse(src).body
-    except SyntaxError as exc:
-        raise ValueError("`%s` is not Python: %s (line %s of %r)" % (keyword, _show(exc.msg), exc.lineno, text)) from None
+    src, body = parse_pattern(text, keyword)
     node = Block(body) if len(body) > 1 else body[0].value if isinstance(body[0], ast.Expr) else body[0]
     node.flashfix_src = src  # what ``build`` spells its nodes with
     return node
@@ -285,8 +280,6 @@ class Rule:
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
         self.module, self.function, self.name = module, function, function or module
-        names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
-        self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
         self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if is None  # derivable: ``after``
         self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else fixed_if or [  # upstream's
             re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)]  # form (derive_prefix turns it back), without $RAN

@@ -637,15 +637,32 @@ def _patches_on(target):
 def engine_version(dist):
     if "flashfix.core.locate" in sys.modules:  # the doctor may read another environment (``_locate.reading``)
         return _locate.version(dist)
-    from importlib import metadata  # an engine process: its own environment, read without the source reader
+    return installed_version(dist)  # an engine process: its own environment, read without the source reader
+
+
+def distribution(dist):
+    from importlib import metadata
 
     try:
-        found = metadata.distribution(dist)
+        return metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return None
-    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
-    return next((line.split(":", 1)[1].strip() for line in text.partition("\n\n")[0].splitlines()
-                 if line.lower().startswith("version:")), None)
+
+
+def metadata_version(text):
+    """``(name, version)`` from a METADATA text's headers."""
+    import textwrap
+    from email.parser import HeaderParser
+
+    headers = HeaderParser().parsestr(text.replace("\r\n", "\n").partition("\n\n")[0])  # the body is no header
+    redent = lambda v: v if not v or "\n" not in v else textwrap.dedent(" " * 8 + v)  # noqa: E731  (as importlib.metadata)
+    return redent(headers.get("Name")), redent(headers.get("Version"))
+
+
+def installed_version(dist, find=distribution):  # ``Distribution.version`` parses the whole METADATA (vLLM's: 9 ms)
+    """``dist``'s version from its METADATA headers; ``find(dist)``: its ``importlib.metadata`` distribution."""
+    found = find(dist)
+    return found and metadata_version(found.read_text("METADATA") or found.read_text("PKG-INFO") or "")[1]
 
 
 def in_range(patch, version, specifiers=None):
@@ -1014,11 +1031,11 @@ def _decide(patch, record):
     if ahead is None:  # not read ahead (imported before flashfix ran): stored, or judged now
         read = _read(targets)
         ahead = (read,) + _stored(patch, version, read, made=False)
-    on_series = trees = None
+    on_series = None
     if earlier:  # judged and compiled on the code the patches before it leave, not on what was made ahead
         ahead, record["ahead"] = ahead[:2] + (None,), False
         on_series = _stored(patch, version, ahead[0], False, earlier)[0]
-    verdict, reason = judge(patch, trees, version, series, ahead[1], _rank, on_series)
+    verdict, reason = judge(patch, None, version, series, ahead[1], _rank, on_series)
     if verdict == "patch":
         _join_series(patch, series)
     else:
@@ -1032,7 +1049,7 @@ def _decide(patch, record):
     try:
         changes = patch.rule.prepare_ahead(modules, *ahead[2]) if ahead is not None and ahead[2] is not None else None
         if changes is None and earlier:  # its hunks matched on the code the patches before it leave
-            copies = series_trees(earlier, trees)
+            copies = series_trees(earlier)
             changes = patch.rule.prepare(modules, lambda m: copies[m] if m in copies else _source.module_ast(m, modules))
         elif changes is None:  # nothing made ahead, or a loaded function does not run the code it was made from
             changes = patch.prepare(modules)

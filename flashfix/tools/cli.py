@@ -100,12 +100,14 @@ def main(argv=None):
 
 
 def _prepare():
+    import os
+
     from flashfix.core import decisions as _decisions
     from flashfix.core import registry as _registry
 
     folder = _decisions.directory()
     if folder is None:
-        sys.stderr.write("flashfix prepare: FLASHFIX_CACHE_DIR=%s turns the decision cache off\n" % _decisions.os.environ["FLASHFIX_CACHE_DIR"])
+        sys.stderr.write("flashfix prepare: FLASHFIX_CACHE_DIR=%s turns the decision cache off\n" % os.environ["FLASHFIX_CACHE_DIR"])
         return 2
     done = _registry.prepare_decisions()
     for pid, what in done:
