@@ -17,10 +17,9 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 #   FlashInferIndicesUpdaterPrefill.call_begin_forward and passes it from update_sliding_window; a
 #   declaration edits function bodies only (no signature), and 0.5.14/0.5.15 plan with
 #   ``**paged_plan_kwargs``, which no pattern matches by design.
-# * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. The
-#   fix is a new method (_build_swa_prefix_custom_mask), a rewritten branch of update_sliding_window
-#   and ``window_left`` at two forward_return_lse calls of forward_extend, a function the FP8-scale
-#   patch also rewrites (now possible as a series; not carried yet: it adds a method).
+# * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. Carried
+#   from 0.5.11 (sglang-swa-ragged-prefix-extend-slots); 0.5.1-0.5.10's call_begin_forward takes no
+#   custom mask (upstream's fix needs the parameter 0.5.11 added): known-unfixed there.
 # * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): forward_extend's paged forward is causal for
 #   ENCODER_ONLY layers; a one-statement fix in forward_extend too (a series with the FP8-scale
 #   patch would carry it; not done yet).
@@ -189,17 +188,122 @@ PER_LAYER_HEADS_PLAN = Backport(
     Delete when: flashfix no longer supports SGLang older than 0.5.17.""")
 
 
-SWA_FULL_RAGGED_ID = "sglang-swa-full-attn-ragged-prefix"
+SWA_FULL_RAGGED_ID, SWA_PREFIX_ID = "sglang-swa-full-attn-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots"
+
+
+# --- sglang#26513 (0.5.13): the sliding-window wrapper of a ragged extend reads unwritten slots ---------------
+
+def swa_prefix_custom_mask(window, prefix_lens, seq_lens, kv_start_idx):
+    """The custom mask of a sliding-window layer's paged pass in a ragged extend (sglang#26513's, written anew):
+    request by request, its new tokens (rows, at positions ``prefix_lens[i]`` on) against the cached keys it
+    reads (columns, ``kv_start_idx[i]`` to ``prefix_lens[i]``), true where the key is within ``window`` of the
+    query, flattened and joined as FlashInfer's ``custom_mask`` takes it. None where no key falls outside (or
+    no request has a prefix): the plan then stays without a mask, as the release's."""
+    if window is None or window < 0:
+        return None
+    import torch
+
+    device, blocks, outside = prefix_lens.device, [], False
+    for prefix, start, new in zip(prefix_lens.tolist(), kv_start_idx.tolist(), (seq_lens - prefix_lens).tolist()):
+        if prefix <= start or new <= 0:  # nothing cached read, or no new token: no rows or no columns
+            continue
+        queries = torch.arange(prefix, prefix + new, device=device).unsqueeze(1)
+        keys = torch.arange(start, prefix, device=device).unsqueeze(0)
+        block = queries - keys <= window
+        outside = outside or not bool(block.all())
+        blocks.append(block.reshape(-1))
+    return torch.cat(blocks) if outside else None
+
+
+def _takes_custom_mask(tree, func):
+    """0.5.1 to 0.5.10: ``call_begin_forward`` takes no custom mask for a normal extend (0.5.11 added
+    ``cross_attention_custom_mask``); passing one there needs a new parameter, which flashfix does not carry."""
+    updater = _source.find_def(tree, "FlashInferIndicesUpdaterPrefill.call_begin_forward")
+    args = updater.args if updater is not None else None
+    if args is not None and "cross_attention_custom_mask" in [a.arg for a in args.args + args.kwonlyargs]:
+        return {}
+    return Shape(ABSENT, "FlashInferIndicesUpdaterPrefill.call_begin_forward takes no custom mask before 0.5.11 "
+                         "(sglang#26513 would add a parameter to it): known-unfixed there, see %s" % SWA_PREFIX_OLD_ID)
+
+
+SWA_PREFIX_OLD_ID = "sglang-swa-ragged-prefix-extend-slots-0.5.10"
+SWA_RAGGED_PREFIX_SLOTS = Backport(
+    id=SWA_PREFIX_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
+    upstream="https://github.com/sgl-project/sglang/pull/26513", context=_takes_custom_mask,
+    needs={"swa_prefix_custom_mask": "flashfix.sglang_patch"},
+    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.update_sliding_window", before="""
+if $ID == 0:
+    paged_kernel_lens = torch.minimum($$$M)
+    $$$SWA
+else:
+    $$$FULL
+kv_start_idx = seq_lens - paged_kernel_lens
+use_sliding_window_kv_pool = $POOL
+self.call_begin_forward($$$A, **$$$KW)""", after="""
+swa_paged_custom_mask = None
+if $ID == 0:
+    if use_ragged:
+        # the new tokens' K/V are written after this pass: read the cached prefix, its last window only
+        effective_start = torch.clamp(prefix_lens - self.sliding_window_size, min=0)
+        paged_kernel_lens = prefix_lens - effective_start
+        paged_kernel_lens_sum = paged_kernel_lens.sum().item()
+        kv_start_idx = effective_start
+        swa_paged_custom_mask = swa_prefix_custom_mask(self.sliding_window_size, prefix_lens, seq_lens, effective_start)
+    else:
+        paged_kernel_lens = torch.minimum($$$M)
+        $$$SWA
+        kv_start_idx = seq_lens - paged_kernel_lens
+else:
+    $$$FULL
+    kv_start_idx = seq_lens - paged_kernel_lens
+use_sliding_window_kv_pool = $POOL
+self.call_begin_forward($$$A, **$$$KW, cross_attention_custom_mask=swa_paged_custom_mask)""",
+                fixed_if=("$_._build_swa_prefix_custom_mask($$$_)", "swa_prefix_custom_mask($$$_)"),
+                fixed="{name} plans the sliding-window wrapper of a ragged extend over the cached prefix (`{form}`)",
+                buggy="{name} (line {line}) plans the sliding-window wrapper of a ragged extend over the extend "
+                      "slots too, whose K/V are written only after it"),
+           Rule(_BACKEND, "FlashInferAttnBackend.forward_extend", before="""
+$R1 = self.prefill_wrapper_ragged.forward_return_lse($$$A, **$$$KW)
+$R2 = prefill_wrapper_paged.forward_return_lse($$$B, **$$$KW2)""", after="""
+$R1 = self.prefill_wrapper_ragged.forward_return_lse($$$A, **$$$KW, window_left=$WL)
+$R2 = prefill_wrapper_paged.forward_return_lse($$$B, **$$$KW2, window_left=$WL)""",
+                where="prefill_wrapper_paged.forward($$$_, window_left=$WL, **$$$_)",
+                fixed_if="$_.forward_return_lse($$$_, window_left=$_, **$$$_)",
+                fixed="{name} passes window_left to both passes of the ragged + paged split",
+                buggy="{name} (line {line}): the ragged + paged split's forward_return_lse calls pass no window_left")),
+    summary="sliding-window models, ragged + paged extend over a cached prefix: the sliding-window layers' paged "
+            "pass reads the prefix's last window, masked per query, not the extend slots written after it",
+    doc="""Why: on a prefix-cache hit, forward_extend runs the new tokens through the ragged wrapper and
+    the cached prefix through the paged one (causal=False), then merges; the new tokens' K/V are
+    written to the cache only afterwards. The sliding-window wrapper is planned over the window
+    before each request's end, extend slots included, and with no mask: every query of a
+    sliding-window layer (Gemma 2/3, GPT-OSS, ...) attends to stale cache contents and to prefix keys
+    outside its window.
+    How: as upstream, on the ragged path the sliding-window wrapper is planned over the prefix's
+    last ``sliding_window_size`` tokens with a custom mask that keeps each query's window (none where
+    every key is in it); the paged-only path and the full-attention wrapper are unchanged (the
+    latter: sglang-swa-full-attn-ragged-prefix, next in this series). Both forward_return_lse calls
+    get the layer's window_left, the expression the paged forward beside them passes; FlashInfer
+    reads it only from a module planned with a window, which these releases do not plan
+    (sglang#31501), so the mask is what keeps the window. The mask is built on the host from the
+    lengths (one device-to-host copy per plan, as upstream).
+    Affected: 0.5.1 to 0.5.12.post1; carried from 0.5.11, whose call_begin_forward takes a custom
+    mask (0.5.1 to 0.5.10: known-unfixed, %s).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.13.""" % SWA_PREFIX_OLD_ID)
+
+
 
 
 def _after_26513(tree, func):
     """Before sglang#26513 (0.5.1 to 0.5.12) the SWA wrapper's ragged plan is wrong too, in another
-    shape: this fix completes #26513 and has nothing to complete there."""
-    if find(pattern("$_._build_swa_prefix_custom_mask($$$_)"), [func]):
+    shape: this fix completes #26513 (upstream's, or flashfix's ``sglang-swa-ragged-prefix-extend-slots``
+    earlier in the series) and has nothing to complete without it."""
+    if find(pattern("$_._build_swa_prefix_custom_mask($$$_)"), [func]) or find(pattern("swa_prefix_custom_mask($$$_)"), [func]):
         return {}
     return Shape(ABSENT, "update_sliding_window predates sglang#26513 (no prefix-only plan for the SWA wrapper): "
-                         "both wrappers' ragged plans cover unwritten extend slots there, which flashfix does not "
-                         "carry (#26513 is not backportable as a declaration)")
+                         "both wrappers' ragged plans cover unwritten extend slots there; flashfix carries #26513 "
+                         "from 0.5.11 (%s), not on the older call_begin_forward, which takes no custom mask" % SWA_PREFIX_ID)
 
 
 SWA_FULL_ATTN_RAGGED_PREFIX = Backport(
@@ -230,14 +334,15 @@ else:
     How: as upstream, on the ragged path the full-attention wrapper is planned over prefix_lens from
     slot 0 (upstream sums the host copy of the prefix lengths where the release has it; this sums
     the device tensor, as the SWA branch beside it does). The paged-only path is unchanged.
-    Affected: 0.5.13 to 0.5.20 (0.5.1 to 0.5.12 have the bug inside the unfixed #26513 shape: see
-    _after_26513).
+    Affected: 0.5.1 to 0.5.20; patched on 0.5.11 to 0.5.20: on 0.5.11 and 0.5.12.post1 judged on the
+    code sglang-swa-ragged-prefix-extend-slots (#26513) leaves, before it in update_sliding_window's
+    series (0.5.1 to 0.5.10: the bug inside the unfixed #26513 shape, see _after_26513).
 
     Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
 
 
 PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES,
-           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_FULL_ATTN_RAGGED_PREFIX)
+           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_RAGGED_PREFIX_SLOTS, SWA_FULL_ATTN_RAGGED_PREFIX)
 
 
 # --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
@@ -253,12 +358,12 @@ KNOWN = (Known(
     why_not="the fix adds a window_left parameter to FlashInferIndicesUpdaterPrefill.call_begin_forward (a signature "
             "change) and 0.5.14-0.5.15 plan through **kwargs: not a source-level declaration"),
   Known(
-    id="sglang-swa-ragged-prefix-extend-slots", engine="sglang", versions=">=0.5.1,<0.5.13",
+    id=SWA_PREFIX_OLD_ID, engine="sglang", versions=">=0.5.1,<0.5.11",
     upstream="https://github.com/sgl-project/sglang/pull/26513",
     summary="sliding-window models, ragged + paged extend over a cached prefix: the paged pass's range covers extend "
             "slots whose K/V are written only after it (stale data merged into the output)",
-    why_not="the fix adds a method (_build_swa_prefix_custom_mask) and rewrites the shared kv_start_idx branch; "
-            "its forward_extend hunk would join sglang-fp8-kv-scales's series, but a method cannot be declared yet"),
+    why_not="the fix passes a custom mask to FlashInferIndicesUpdaterPrefill.call_begin_forward, which takes none "
+            "before 0.5.11 (a new parameter); flashfix carries it from 0.5.11 (%s)" % SWA_PREFIX_ID),
 )
 
 

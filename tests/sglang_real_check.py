@@ -27,9 +27,10 @@ def report(key, value):
 
 VERSION = version("sglang")
 patches = [p for p in _registry.load_all() if p.engine == "sglang"]
+_series = {}  # in registration order, each judged on the code of the patches before it in a series (as the doctor)
 report("doctor", {
-    "verdicts": {p.id: list(_registry.judge(p, {t: _source.module_ast(t) for t in _registry.targets_of(p)}, VERSION))
-                 for p in patches},
+    "verdicts": {p.id: list(_registry.judge(p, {t: _source.module_ast(t) for t in _registry.targets_of(p)}, VERSION,
+                                            series=_series)) for p in patches},
     "heavy": sorted(m for m in ("sglang", "torch", "flashinfer", "transformers") if m in sys.modules),
 })
 

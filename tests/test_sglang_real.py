@@ -21,7 +21,7 @@ AUTOTUNE = "sglang-sm120-fp8-autotune"
 VISION = "sglang-vision-config"
 DRAFT, MLA_DRAFT = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
 HEADS = "sglang-per-layer-heads-plan"
-SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
+SWA_FULL, SWA_PREFIX = "sglang-swa-full-attn-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots"
 IDS = (FP8, AUTOTUNE, VISION, DRAFT, MLA_DRAFT, HEADS, SWA_FULL)
 
 PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", MLA_DRAFT: "fixed-upstream",
@@ -29,7 +29,7 @@ PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstrea
 FIXED = dict.fromkeys(IDS, "fixed-upstream")
 NO_FP8_AUTOTUNE = dict(PATCH, **{AUTOTUNE: "not-affected"})
 EXPECTED = {  # release -> doctor verdict per patch (read off the wheels; see sglang_patch.py)
-    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", MLA_DRAFT: "patch", SWA_FULL: "not-affected"}),
+    "0.5.11": dict(NO_FP8_AUTOTUNE, **{DRAFT: "patch", MLA_DRAFT: "patch"}),  # SWA_FULL: after SWA_PREFIX (#26513)
     "0.5.13": NO_FP8_AUTOTUNE,
     "0.5.14": PATCH,
     "0.5.17": dict(PATCH, **{HEADS: "fixed-upstream"}),
@@ -59,6 +59,7 @@ for _release, _verdicts in EXPECTED.items():
     _verdicts["sglang-mla-chunked-prefix-lse-base"] = "patch"  # sglang#40903: no release has the fix
     _verdicts["sglang-piecewise-graph-paged-prefill"] = "fixed-upstream"  # sglang#20061, fixed in 0.5.10
     _verdicts[SOFT_CAP] = "patch"  # sglang#33915 (flashfix's own): no release has the fix
+    _verdicts[SWA_PREFIX] = "patch" if _release == "0.5.11" else "fixed-upstream"  # sglang#26513, fixed in 0.5.13
     _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
         "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")
 # What they change exists only where FlashInfer is available (``if is_flashinfer_available():``), which a CPU
@@ -162,7 +163,11 @@ def test_forward_extend_passes_fp8_scales_to_the_paged_lse_call(release):
         assert (released[paged_lse]["k_scale"], released[paged_lse]["v_scale"]) == ("absent", "absent")
     else:
         assert released == scaled
-    assert released[ragged_lse] == scaled[ragged_lse]
+    if EXPECTED[release][SWA_PREFIX] == "patch":  # sglang#26513 carried: the ragged pass gets the layer's window too
+        assert scaled[ragged_lse] == dict(released[ragged_lse], keywords=sorted(released[ragged_lse]["keywords"] + [
+            "window_left"])), (scaled[ragged_lse], released[ragged_lse])
+    else:
+        assert released[ragged_lse] == scaled[ragged_lse]
     # The paged-only and the no-prefix ragged paths are the same with and without flashfix.
     for case in ("paged", "ragged_no_prefix"):
         assert _calls(with_fix[case]) == _calls(without[case])
@@ -244,6 +249,8 @@ def test_swa_full_attention_wrapper_reads_the_prefix_only_on_the_ragged_path(rel
     bug = [plans["swa_prefix_only"], plans["full_whole"]]
     if verdict == "not-affected":  # before #26513: both wrappers cover the extend slots, with or without flashfix
         fixed = bug = [plans["swa_whole"], plans["full_whole"]]
+    if EXPECTED[release][SWA_PREFIX] == "patch":  # 0.5.11: #26513 carried, this fix judged on its code
+        bug = [plans["swa_whole"], plans["full_whole"]]
     assert r["with"]["swa_plan"] == {"ragged": fixed, "paged": paged}
     assert r["without"]["swa_plan"] == {"ragged": bug if verdict == "patch" else fixed, "paged": paged}
     derived = r["derived"][SWA_FULL]  # from the first fixed release on: upstream's change reverted in a copy

@@ -27,13 +27,13 @@ COMMITTED = REPO / "benchmarks" / "results" / "sweep.json"
 FP8, AUTOTUNE, VISION = "sglang-fp8-kv-scales", "sglang-sm120-fp8-autotune", "sglang-vision-config"
 DRAFT, HEADS = "sglang-eagle-draft-graph-kv-indices", "sglang-per-layer-heads-plan"
 MLA_DRAFT = "sglang-eagle-mla-draft-graph-kv-indices"
-SWA_FULL = "sglang-swa-full-attn-ragged-prefix"
+SWA_FULL, SWA_PREFIX = "sglang-swa-full-attn-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots"
 SINK, JIT = "vllm-sink-prefill", "flashinfer-sink-jit-name"
 
 
-def _sglang(fp8, autotune, vision, draft, heads="patch", swa_full="not-affected"):
+def _sglang(fp8, autotune, vision, draft, heads="patch", swa_full="not-affected", swa_prefix=None):
     return {FP8: fp8, AUTOTUNE: autotune, VISION: vision, DRAFT: draft, MLA_DRAFT: draft, HEADS: heads,
-            SWA_FULL: swa_full}
+            SWA_FULL: swa_full, SWA_PREFIX: swa_prefix or ("fixed-upstream" if draft == "fixed-upstream" else "not-affected")}
 
 
 LSE = ("vllm-mla-flashinfer-lse", "vllm-mla-trtllm-ragged-lse", "vllm-dcp-prefill-lse")  # vLLM #52796, fixed in 0.29.0
@@ -50,7 +50,9 @@ EXPECTED = {
     ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected", "patch"),
     ("sglang", "0.5.5"): _sglang("patch", "not-affected", "not-affected", "patch"),
     ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch", "patch"),
-    ("sglang", "0.5.12.post1"): _sglang("patch", "not-affected", "patch", "patch"),
+    ("sglang", "0.5.10.post1"): _sglang("patch", "not-affected", "patch", "patch"),  # #26513: known-unfixed (no mask)
+    ("sglang", "0.5.11"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch", swa_prefix="patch"),
+    ("sglang", "0.5.12.post1"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch", swa_prefix="patch"),
     ("sglang", "0.5.13"): _sglang("patch", "not-affected", "patch", "fixed-upstream", swa_full="patch"),
     ("sglang", "0.5.14"): _sglang("patch", "patch", "patch", "fixed-upstream", swa_full="patch"),
     ("sglang", "0.5.16"): _sglang("patch", "patch", "patch", "fixed-upstream", swa_full="patch"),
@@ -167,7 +169,10 @@ def test_reasons_name_what_decided(sweep):
     assert "draft_kv_indices_buffer_width" in rows["sglang", "0.5.13"][DRAFT]["reason"]
     assert "plans every layer for model_runner.model_config.num_attention_heads" in rows["sglang", "0.5.16"][HEADS]["reason"]
     assert "get_max_num_attention_heads" in rows["sglang", "0.5.17"][HEADS]["reason"]
-    assert "predates sglang#26513" in rows["sglang", "0.5.12.post1"][SWA_FULL]["reason"]
+    assert "predates sglang#26513" in rows["sglang", "0.5.10.post1"][SWA_FULL]["reason"]
+    assert "takes no custom mask before 0.5.11" in rows["sglang", "0.5.10.post1"][SWA_PREFIX]["reason"]
+    assert "on the code %s leave(s)" % SWA_PREFIX in rows["sglang", "0.5.12.post1"][SWA_FULL]["reason"]
+    assert "on the code %s leave(s)" % FP8 in rows["sglang", "0.5.12.post1"][SWA_PREFIX]["reason"]
     assert "extend slots not yet written" in rows["sglang", "0.5.20"][SWA_FULL]["reason"]
 
 

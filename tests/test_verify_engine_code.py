@@ -481,3 +481,40 @@ def test_sglang_mla_chunk_every_release_in_one_process():
         if problems:
             bad[version] = problems
     assert not bad, bad
+
+
+def test_sglang_swa_layer_every_release_in_range_in_one_process():
+    """sglang-swa-ragged-prefix-extend-slots (sglang#26513) on 0.5.11 and 0.5.12.post1, the releases it patches: the
+    engine's update_sliding_window plans the sliding-window wrapper and forward_extend (patched: its series with
+    the FP8-scale fix) runs the ragged + paged branch of a sliding-window layer. As released that wrapper's paged
+    range is the window before each request's end, extend slots included, unmasked; patched, the prefix's last
+    window with a custom mask (one row per new token, one column per cached key read)."""
+    from flashfix.sglang_patch import SWA_RAGGED_PREFIX_SLOTS as patch
+    from flashfix.tools.gpu_checks import SWA_LAYER_REQUESTS, SWA_WINDOW
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.11", patch.fixed_in)
+    assert [v for v, _ in trees] == ["0.5.11", "0.5.12", "0.5.12.post1"], trees
+    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
+                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
+    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    released = sum(min(p + n, SWA_WINDOW + n) for p, n in SWA_LAYER_REQUESTS) + 256
+    patched = sum(min(p, SWA_WINDOW) for p, _ in SWA_LAYER_REQUESTS) + 256
+    mask = sum(min(p, SWA_WINDOW) * n for p, n in SWA_LAYER_REQUESTS)
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = row_problems(rows)
+        main = [r for r in rows if r["case"].startswith("ragged extend")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]][-2:] != [
+                "ragged.forward_return_lse", "paged swa.forward_return_lse"]:
+            problems.append("the ragged + paged branch of the sliding-window layer did not run: %s" % main)
+        # the paged plans of the main case, released then patched: [swa, full] each; the sliding-window ones
+        plans = [e for e in log if e[0] == "BatchPrefillWithPagedKVCacheWrapper" and e[1] == "begin_forward"][:4:2]
+        sizes, masks = [e[2][2] for e in plans], [e[3].get("custom_mask") for e in plans]
+        if sizes != ["tensor[%d] int32" % released, "tensor[%d] int32" % patched]:
+            problems.append("sliding-window wrapper's kv_indices (released, patched): %s" % sizes)
+        if masks != [None, "tensor[%d] bool" % mask]:
+            problems.append("sliding-window wrapper's custom mask (released, patched): %s" % masks)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad

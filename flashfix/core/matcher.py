@@ -148,10 +148,15 @@ def find(p, scopes, given=None):
                 isinstance(scope, (ast.ClassDef, ast.Module))) else walk(scope):
             if isinstance(p, Block):  # consecutive statements of each block of ``node``
                 for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
-                    for i in range(len(block) - len(p.body) + 1 if isinstance(block, list) else 0):
+                    for i in range(len(block) if isinstance(block, list) else 0):
+                        # an earlier patch's one-time marker between the statements is not the engine's code
+                        picked, end = [], i
+                        while end < len(block) and len(picked) < len(p.body) and not _marker(block[i]):
+                            picked += [] if _marker(block[end]) else [block[end]]
+                            end += 1
                         b = dict(given or {})
-                        if all(match(x, y, b) for x, y in zip(p.body, block[i:])):
-                            found.append((Block(block[i:i + len(p.body)], (block, i)), b))
+                        if len(picked) == len(p.body) and all(match(x, y, b) for x, y in zip(p.body, picked)):
+                            found.append((Block(block[i:end], (block, i)), b))
                 continue
             if kind is not None and type(node) is not kind:  # what match() would refuse first
                 continue
@@ -165,8 +170,13 @@ def _put(root, old, new):
     """``new`` where ``old`` is inside ``root``; a ``Block`` match becomes ``new``'s statements."""
     if not isinstance(old, Block):
         return _source.replace_node(root, old, new)
-    block, index = old.at
-    block[index:index + len(old.body)] = [ast.copy_location(s, old.body[0]) for s in new.body]
+    block, index = old.at  # the markers it spans stay, ahead of the new statements
+    block[index:index + len(old.body)] = [s for s in old.body if _marker(s)] + [
+        ast.copy_location(s, old.body[0]) for s in new.body]
+
+
+def _marker(statement):
+    return getattr(statement, "flashfix_marker", False)
 
 
 def _spliced(item, b):
@@ -518,7 +528,7 @@ class Declaration:
         given = self.context(trees[located[0][1]], located[0][3]) if self.context is not None else {}
         if isinstance(given, Shape):
             return given, None, None
-        out, first, names = [], None, {}  # module -> the names its new code reads
+        out, first, names, news = [], None, {}, {}  # module -> the names its new code reads; function -> its new code
         for rule, modname, qualname, func in located:
             found, shape = rule.site(func, trees[modname], given)
             odd = [ast.unparse(d) for d in getattr(func, "decorator_list", ()) if isinstance(func, ast.FunctionDef)
@@ -533,8 +543,10 @@ class Declaration:
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
                 _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
-            names.setdefault(modname, set()).update(_free_names([build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found], func))
+            news.setdefault((modname, qualname), (func, []))[1].extend(build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found)
             out.append((rule, modname, qualname, func))
+        for (modname, _), (func, built) in news.items():  # one function's hunks together: a name one binds, another reads
+            names.setdefault(modname, set()).update(_free_names(built, func))
         for modname, read in names.items():  # the names each hunk's new code reads, as prepare() asks its module
             lacking = [n for n in sorted(read) if not _source.binds(modname, n, tree=trees[modname])
                        and not (n in self.needs and _provides(self.needs[n], n))]

@@ -179,6 +179,7 @@ class SwapCode:
                           ", ".join(left), self.id, exc)
                 self.func.__code__ = stack.original
                 del _stacks[id(self.func)]
+                _stranded.extend((i, self.id) for i in left)  # revert() gives them back whole
             else:
                 rest = SwapCode(self.func, marked, plain, site_of(left[-1], self.site.split(":", 1)[1]), ids=left)
                 self.func.__code__ = marked
@@ -210,6 +211,7 @@ class _Stack:
 
 
 _stacks = {}  # id(function) -> its _Stack, while a patch's code runs there
+_stranded = []  # (id, the reverted id it was judged on): a series member whose function lost its code
 
 
 def compose(func, ids, original, joining=None):
@@ -695,10 +697,10 @@ def judge(patch, trees, version, series=None, shape=None, rank=None, on_series=N
     shape = shape_of(patch, trees, version) if shape is None else shape
     if shape.kind == FIXED:
         return "fixed-upstream", shape.reason
-    if shape.kind == ABSENT:
-        return "not-affected", shape.reason
     earlier = _earlier(patch, series, rank)
-    if earlier:  # judged on what the patches before it in the series leave
+    if shape.kind == ABSENT and not earlier:
+        return "not-affected", shape.reason
+    if earlier:  # judged on what the patches before it in the series leave (a fix of theirs may be what it completes)
         names = ", ".join(p.id for p in earlier)
         try:
             shape = on_series or shape_of(patch, dict(trees or {}, **series_trees(earlier, trees)), version)
@@ -706,6 +708,8 @@ def judge(patch, trees, version, series=None, shape=None, rank=None, on_series=N
             shape = Shape(UNKNOWN, str(exc))
         if shape.kind == FIXED:
             return "covered", "%s earlier in the series of %s makes this fix: %s" % (names, _functions(earlier), shape.reason)
+        if shape.kind == ABSENT:
+            return "not-affected", "%s (on the code %s leave(s))" % (shape.reason, names)
         if shape.kind != BUGGY:
             return "unknown-shape", "on the code %s leave(s) (series of %s): %s" % (names, _functions(earlier), shape.reason)
         shape = shape._replace(reason="%s (on the code %s leave(s))" % (shape.reason, names))
@@ -1206,9 +1210,18 @@ def revert(*patch_ids):
             record = _records[patch.id]
             if record["state"] != "applied" or (patch_ids and patch.id not in patch_ids):
                 continue
-            for change in reversed(record["changes"]):
-                change.undo()
-            _leave_series(patch)
-            record["changes"], record["ran"] = [], False
-            _set(patch, "disabled", "reverted by flashfix.revert()")
-            log.info("reverted %s in pid %d", patch.id, os.getpid())
+            _take_back(patch, "reverted by flashfix.revert()")
+            while _stranded:  # a later member of a series, judged on the code this one left: not left half-applied
+                pid, under = _stranded.pop()
+                if _records[pid]["state"] == "applied":
+                    _take_back(_patches[pid], "reverted with %s, on whose code it was judged" % under)
+
+
+def _take_back(patch, reason):
+    record = _records[patch.id]
+    for change in reversed(record["changes"]):
+        change.undo()
+    _leave_series(patch)
+    record["changes"], record["ran"] = [], False
+    _set(patch, "disabled", reason)
+    log.info("%s: %s, in pid %d", patch.id, reason, os.getpid())

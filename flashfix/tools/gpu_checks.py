@@ -66,15 +66,15 @@ def reference(q, k, v, sm_scale, *, window_left=-1, sinks=None, soft_cap=None):
     return torch.einsum("hnm,mhd->nhd", weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top)), v)
 
 
-def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale, soft_cap=None):
+def _prefix_reference(q, k, v, qo, prefix_kv, sm_scale, soft_cap=None, window_left=-1):
     """float64 causal attention, [tokens, -1], of each request's new tokens (rows ``qo[i]:qo[i + 1]``) over its
-    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, logits soft-capped by ``soft_cap`` (> 0);
-    None on the CPU (tests' FlashInfer)."""
+    cached prefix (``prefix_kv(i)``: float64 k, v) and themselves, logits soft-capped by ``soft_cap`` (> 0), keys
+    within ``window_left`` of the query (>= 0); None on the CPU (tests' FlashInfer)."""
     import torch
     if q.device.type == "cpu":
         return None
     ref = [reference(q[a:b], torch.cat([prefix_kv(i)[0], k[a:b].double()]), torch.cat([prefix_kv(i)[1], v[a:b].double()]),
-                     sm_scale, soft_cap=soft_cap) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
+                     sm_scale, soft_cap=soft_cap, window_left=window_left) for i, (a, b) in enumerate(zip(qo.tolist(), qo[1:].tolist()))]
     return torch.cat(ref).reshape(len(q), -1)
 
 
@@ -218,11 +218,14 @@ class EngineModuleFinder:
 def engine_module(patch_id, path=None, real=()):
     """``(module, patch record, engine version)``: the patch's target module as the runtime leaves it, installed
     or loaded from ``path`` (a wheel or tree, with stand-in engine imports but ``real``'s); the engine's other
-    patches disabled."""
+    patches disabled, except those before it in the series of a function it rewrites (it is judged on their code)."""
     from flashfix.core import locate as _locate, paths as _paths
     from flashfix.core import registry as _registry
-    patch = next(p for p in _registry.load_all() if p.id == patch_id)
-    others = [p.id for p in _registry.load_all() if p.engine == patch.engine and p.id != patch_id]
+    patches = _registry.load_all()
+    patch = next(p for p in patches if p.id == patch_id)
+    mine = _registry._declared_functions(patch)
+    before = {p.id for p in patches[:patches.index(patch)] if mine & _registry._declared_functions(p)}
+    others = [p.id for p in patches if p.engine == patch.engine and p.id != patch_id and p.id not in before]
     os.environ["FLASHFIX_DISABLE"] = ",".join(filter(None, [os.environ.get("FLASHFIX_DISABLE")] + others))
     os.environ.setdefault("SGLANG_ENABLE_TORCH_COMPILE", "0")  # set by ServerArgs before SGLang 0.5.1's module reads it
     del _registry._config_cache[:]
@@ -330,11 +333,12 @@ def _revert(patch_id, rows, head, same):
 
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
-            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None, logit_cap=0.0):
+            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None, logit_cap=0.0, window=-1):
     """SGLang's ``forward_extend`` (``forward_decode``) driven with ``self``, ``layer`` and ``forward_batch`` holding
     what it reads, 0.5.1 to 0.5.20: a decoder layer (two wrappers: a sliding-window backend's full-attention layer;
     ``cross`` not None: a cross-attention backend's cross or self-attention layer), the KV pool's buffer ``cache``;
-    ``logit_cap``: the layer's attention logit soft cap (RadixAttention's, 0.0: none)."""
+    ``logit_cap``: the layer's attention logit soft cap (RadixAttention's, 0.0: none); ``window``: a sliding-window
+    layer's ``sliding_window_size`` (-1: a full-attention layer)."""
     pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
     backend = object.__new__(module.FlashInferAttnBackend)
     backend.__dict__.update(
@@ -346,7 +350,7 @@ def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, n
         backend.dispatch_reason = getattr(module.WrapperDispatch, "SLIDING_WINDOW" if cross is None else "CROSS_ATTENTION")
     head_dim = cache.head_dim
     layer = types.SimpleNamespace(
-        layer_id=0, is_cross_attention=bool(cross), logit_cap=logit_cap, scaling=head_dim ** -0.5, sliding_window_size=-1,
+        layer_id=0, is_cross_attention=bool(cross), logit_cap=logit_cap, scaling=head_dim ** -0.5, sliding_window_size=window,
         tp_q_head_num=heads, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
         attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
         k_scale_float=scales[0], v_scale_float=scales[1])
@@ -798,6 +802,9 @@ def vllm_lse(patch_id, path=None, requests=LSE_REQUESTS, seed=0, fi=None):
 # --- SGLang's planning: the prefill and decode index updaters ------------------------------------
 
 SWA_REQUESTS, SWA_WINDOW = ((100, 37), (500, 128), (64, 300)), 128  # (cached prefix, new tokens); window
+# a sliding-window layer's: new tokens within the window (the ragged pass is planned without one in every release
+# this fix serves, sglang#31501), prefixes shorter and longer than it
+SWA_LAYER_REQUESTS = ((100, 37), (500, 128), (300, 64), (1000, 1))
 XATTN_REQUESTS = ((1601, 5), (1601, 7), (40, 3), (700, 1))  # (encoder tokens, decoder tokens)
 
 
@@ -809,14 +816,19 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     replay plans them, by ``fast_decode_plan`` (controls: the self-attention layer; the plan at capture)."""
     import collections
     import torch
-    swa, cross = (patch_id == "sglang-%s" % n for n in ("swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens"))
-    requests = requests or (XATTN_REQUESTS if cross else SWA_REQUESTS)
+    swa, cross, layer = (patch_id == "sglang-%s" % n for n in (
+        "swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens", "swa-ragged-prefix-extend-slots"))
+    swa = swa or layer  # layer: sglang#26513, a sliding-window layer (its patch rewrites forward_extend too)
+    requests = requests or (XATTN_REQUESTS if cross else SWA_LAYER_REQUESTS if layer else SWA_REQUESTS)
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [
-        "update_sliding_window" if swa else "update_cross_attention" if cross else "Prefill.__init__"], fi)
+        "update_sliding_window" if swa else "update_cross_attention" if cross else "Prefill.__init__"] + (
+        ["forward_extend"] if layer else []), fi)
     if not pairs:
         return rows
-    (live, original), = pairs
-    calls, bs, i32, bf16 = Calls(live.__code__.co_filename), len(requests), torch.int32, torch.bfloat16
+    (live, original), *forward = pairs  # forward: (live forward_extend, the release's), each run with its own
+    if forward:
+        (live, original) = (live, forward[0][0]), (original, forward[0][1])
+    calls, bs, i32, bf16 = Calls((live[0] if forward else live).__code__.co_filename), len(requests), torch.int32, torch.bfloat16
     cache = PagedBatch([(1 if cross else n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed,
                        device=device)  # cross: a request's encoder slots, then its decoder's; one query token
     gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -881,7 +893,7 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
                 backend.__dict__, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, data_type=bf16,
                 q_data_type=bf16, sliding_window_size=window, req_to_token=req_to_token, token_to_kv_pool_allocator=None,
                 attn_backend=backend)
-            update, took, error = func, [], None
+            (update, extend), took, error = func if forward else (func, None), [], None
         else:
             _, took, error = drive(func, (updater, runner, backend), {}, calls)
             update = cls.update_single_wrapper
@@ -898,17 +910,18 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
                 took += more
         if error:
             return None, took, error
-        out, more, error = _extend(module, getattr(module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend")),
-                                   calls, wrappers, backend.prefill_wrapper_ragged, cache, q, *((None, None) if cross else (k, v)),
-                                   use_ragged, heads=heads, cross=cross_layer if cross else None)
+        out, more, error = _extend(module, extend if forward else getattr(
+            module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend")), calls, wrappers,
+            backend.prefill_wrapper_ragged, cache, q, *((None, None) if cross else (k, v)), use_ragged, heads=heads,
+            cross=cross_layer if cross else None, window=window if layer else -1)
         return out, took + more, error
 
     # cross: a decode query attends to its encoder's K/V alone
     ref = _prefix_reference(q, *((k[:0], v[:0]) if cross else (k, v)), cache.qo_indptr, lambda i: tuple(
-        cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5)
+        cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5, window_left=window if layer else -1)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
-    case, controls = (("ragged extend over a cached prefix, full-attention layer", [("paged-only extend", dict(
-        use_ragged=False))]) if swa else ("cross-attention decode, planned as a CUDA graph replays", [
+    case, controls = (("ragged extend over a cached prefix, %s layer" % ("sliding-window" if layer else "full-attention"), [
+        ("paged-only extend", dict(use_ragged=False))]) if swa else ("cross-attention decode, planned as a CUDA graph replays", [
             ("the self-attention layer", dict(cross_layer=False)), ("the plan at capture", dict(replay=False))]) if cross else (
         "ragged extend over a cached prefix, 32-head layer", [("a model without per-layer head counts", dict(per_layer=None))]))
     try:

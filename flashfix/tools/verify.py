@@ -40,6 +40,7 @@ CHECKS = (
     ("fp8-kv-sharing", "vllm-fp8-kv-sharing-view", 0.01, "g.vllm_forward(patch, path)"),
     ("layer-heads-plan", "vllm-layer-heads-plan", 0.01, "g.vllm_forward(patch, path)"),
     ("fp8-paged", "sglang-fp8-kv-scales", 0.01, "g.sglang_fp8(path)"),
+    ("swa-layer-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots", 0.01, "g.sglang_plan(patch, path)"),
     ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
     ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
     ("cross-attn-decode-plan", "sglang-cross-attn-decode-plan-lens", 0.01, "g.sglang_plan(patch, path)"),
