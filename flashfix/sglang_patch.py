@@ -20,16 +20,16 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 # * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. Carried
 #   from 0.5.11 (sglang-swa-ragged-prefix-extend-slots); 0.5.1-0.5.10's call_begin_forward takes no
 #   custom mask (upstream's fix needs the parameter 0.5.11 added): known-unfixed there.
-# * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): forward_extend's paged forward is causal for
-#   ENCODER_ONLY layers; a one-statement fix in forward_extend too (a series with the FP8-scale
-#   patch would carry it; not done yet).
+# * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): encoder-only layers run causal in forward_extend:
+#   carried as sglang-encoder-only-paged-causal and sglang-encoder-only-ragged-causal (series with the
+#   FP8-scale patch).
 
 
 import ast
 import sys
 
 from flashfix.core import lazy as _lazy
-from flashfix.core.registry import ABSENT, Shape, ShapeError
+from flashfix.core.registry import ABSENT, FIXED, Shape, ShapeError
 from flashfix.semantic import Backport, Rule, find, pattern
 
 _source = _lazy.Module("flashfix.core.source")  # a pack holds no reader or matcher object (flashfix.core.lazy)
@@ -900,3 +900,64 @@ SOFT_CAP_PLAN = Backport(
 
     Delete when: SGLang plans with the cap (the probe then reads fixed-upstream).""")
 PATCHES += (SOFT_CAP_PLAN,)
+
+
+# --- encoder-only layers run causal on the FlashInfer backend (fixed in 0.5.11, PR not identified) ------------
+
+ENCODER_PAGED_ID, ENCODER_RAGGED_ID = "sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal"
+_ENCODER_UPSTREAM = "https://github.com/sgl-project/sglang/compare/v0.5.10.post1...v0.5.11 (PR not identified)"
+_ENCODER_WHY = """Why: encoder-only models (BERT-style embedding and reranking models: their RadixAttention
+    layers are AttentionType.ENCODER_ONLY) need bidirectional attention; sglang#6230 made
+    forward_extend's ragged pass non-causal for them."""
+
+ENCODER_ONLY_PAGED_CAUSAL = Backport(
+    id=ENCODER_PAGED_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.11", upstream=_ENCODER_UPSTREAM,
+    module=_BACKEND, function="FlashInferAttnBackend.forward_extend",
+    before="prefill_wrapper_paged.forward($$$A, causal=not $L.is_cross_attention, **$$$KW)",
+    after="prefill_wrapper_paged.forward($$$A, causal=not $L.is_cross_attention and $L.attn_type != "
+          "AttentionType.ENCODER_ONLY, **$$$KW)",
+    fixed_if="$_.attn_type != AttentionType.ENCODER_ONLY",
+    fixed="{name}'s paged-only forward is non-causal for encoder-only layers (`{form}`)",
+    buggy="{name} (line {line}): the paged-only forward is causal for encoder-only layers",
+    summary="encoder-only models (embeddings, rerankers) on the FlashInfer backend: the paged-only prefill runs "
+            "their layers bidirectionally, not causally",
+    doc=_ENCODER_WHY + """ The paged-only path (use_ragged off: deterministic inference, piecewise
+    CUDA graphs, SGLANG_FLASHINFER_USE_PAGED, ...) kept ``causal=not layer.is_cross_attention``, so
+    every token of an encoder-only layer saw only the tokens before it: silently wrong embeddings.
+    How: as 0.5.11, the paged forward is non-causal for cross-attention and encoder-only layers alike.
+    Affected: 0.5.1 to 0.5.10.post1.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.11.""")
+
+
+def _ragged_causal(tree, func):
+    """The ragged pass of the ragged + paged split is causal for every layer: 0.5.1 to 0.5.5.post3 pass
+    ``causal=True``; 0.5.6 to 0.5.10.post1 pass ``causal=causal`` after resetting it to True for every model but
+    a diffusion LM. 0.5.11 passes the ``causal`` computed from the layer's kind, with no reset."""
+    if find(pattern("self.prefill_wrapper_ragged.forward_return_lse($$$_, causal=True, **$$$_)"), [func]) or find(
+            pattern("if not self.is_dllm_model:\n    causal = True"), [func]):
+        return {}
+    return Shape(FIXED, "%s's ragged pass takes the causal flag of the layer's kind (0.5.11's form)" % func.name)
+
+
+ENCODER_ONLY_RAGGED_CAUSAL = Backport(
+    id=ENCODER_RAGGED_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.11", upstream=_ENCODER_UPSTREAM,
+    module=_BACKEND, function="FlashInferAttnBackend.forward_extend", context=_ragged_causal,
+    before="self.prefill_wrapper_ragged.forward_return_lse($$$A, causal=$C, **$$$KW)", constraints={"C": r"True|causal"},
+    after="self.prefill_wrapper_ragged.forward_return_lse($$$A, causal=not (layer.is_cross_attention or layer.attn_type "
+          "== AttentionType.ENCODER_ONLY), **$$$KW)",
+    fixed="{name}'s ragged pass is non-causal for encoder-only layers",
+    buggy="{name} (line {line}): the ragged pass of the ragged + paged split is causal for every layer, encoder-only "
+          "ones included",
+    summary="encoder-only models on the FlashInfer backend, extend over a cached prefix: the ragged pass of the "
+            "ragged + paged split runs their layers bidirectionally, not causally",
+    doc=_ENCODER_WHY + """ The ragged pass of the ragged + paged split (an extend over a cached
+    prefix) stayed causal for them: 0.5.1 to 0.5.5.post3 pass ``causal=True``, and 0.5.6 to
+    0.5.10.post1 reset ``causal = True`` for every model but a diffusion LM before the call.
+    How: the call gets the flag the lines before it compute from the layer's kind (non-causal for
+    cross-attention and encoder-only layers), as 0.5.11 passes it; a decoder layer, and a diffusion
+    LM's, get exactly what they got (the reset of 0.5.6 to 0.5.10 is left in place, now unread).
+    Affected: 0.5.1 to 0.5.10.post1.
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.11.""")
+PATCHES += (ENCODER_ONLY_PAGED_CAUSAL, ENCODER_ONLY_RAGGED_CAUSAL)

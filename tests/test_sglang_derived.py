@@ -36,6 +36,7 @@ from flashfix.core import source as _source  # noqa: E402
 
 FP8, AUTOTUNE, VISION = released.FP8, released.AUTOTUNE, released.VISION
 DERIVED = (FP8, VISION)
+ENCODER = ("sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal")  # fixed in 0.5.11
 LATER = (released.DRAFT, released.MLA_DRAFT, released.HEADS)  # fixed before 0.5.18: fixed-upstream here (their derived shapes: test_sglang_real)
 SWA_FULL = released.SWA_FULL  # fixed in 0.5.21: patch on 0.5.18, fixed-upstream on 0.5.23
 CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # fixed in 0.5.20; 0.5.18 pins a FlashInfer without the clamp
@@ -210,14 +211,14 @@ def test_derived_doctor(release):
          CLAMP: "fixed" if swa_fixed else "buggy", CUTLASS_DIMS: "fixed" if swa_fixed else "buggy",
          MLA_PADDED: "fixed" if swa_fixed else "buggy", MERGE_LIMIT: "fixed", MERGE_BASE: "buggy", MLA_LSE: "buggy",
          SOFT_CAP: "buggy"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX), "fixed")), d["probe"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX) + ENCODER, "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
     assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
         {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch",
          CLAMP: "fixed-upstream" if swa_fixed else "known-unfixed",  # 0.5.18's FlashInfer 0.6.17 takes no clamp
          CUTLASS_DIMS: "fixed-upstream" if swa_fixed else "patch", MLA_PADDED: "fixed-upstream" if swa_fixed else "patch",
          MERGE_LIMIT: "fixed-upstream", MERGE_BASE: "patch", MLA_LSE: "patch", SOFT_CAP: "patch"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX), "fixed-upstream")), d["shipped"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX) + ENCODER, "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
 
@@ -231,7 +232,7 @@ def test_derived_patched_at_runtime_and_reverted(release):
                            CUTLASS_DIMS: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_PADDED: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_LSE: "applied", SOFT_CAP: "applied", MERGE_BASE: "not-affected"},  # MERGE_BASE: defined only where FlashInfer is available: not on a CPU
-                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX) + LATER,
+                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX) + LATER + ENCODER,
                                           "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:

@@ -60,6 +60,7 @@ for _release, _verdicts in EXPECTED.items():
     _verdicts["sglang-piecewise-graph-paged-prefill"] = "fixed-upstream"  # sglang#20061, fixed in 0.5.10
     _verdicts[SOFT_CAP] = "patch"  # sglang#33915 (flashfix's own): no release has the fix
     _verdicts[SWA_PREFIX] = "patch" if _release == "0.5.11" else "fixed-upstream"  # sglang#26513, fixed in 0.5.13
+    _verdicts["sglang-encoder-only-paged-causal"] = _verdicts["sglang-encoder-only-ragged-causal"] = "fixed-upstream"  # 0.5.11
     _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
         "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")
 # What they change exists only where FlashInfer is available (``if is_flashinfer_available():``), which a CPU

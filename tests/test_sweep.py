@@ -105,6 +105,8 @@ for (_dist, _version), _verdicts in EXPECTED.items():
         _verdicts[PCG] = ("not-affected" if Version(_version) < Version("0.5.5.post1") else
                           "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream")
         _verdicts[XATTN] = "patch" if Version(_version) < Version("0.5.10") else "fixed-upstream"
+        for _pid in ("sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal"):  # fixed in 0.5.11
+            _verdicts[_pid] = "patch" if Version(_version) < Version("0.5.11") else "fixed-upstream"
         _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
         _verdicts[MLA_PADDED] = ("not-affected" if Version(_version) < Version("0.5.14") else
                                  "patch" if Version(_version) < Version("0.5.20") else "fixed-upstream")

@@ -333,12 +333,12 @@ def _revert(patch_id, rows, head, same):
 
 # --- sglang-fp8-kv-scales: FlashInferAttnBackend.forward_extend ---------------------------------
 def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, no_prefix=False, scales=(1.0, 1.0),
-            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None, logit_cap=0.0, window=-1):
+            tensors=(1.0, 1.0), heads=NUM_QO_HEADS, cross=None, logit_cap=0.0, window=-1, attn_type="DECODER"):
     """SGLang's ``forward_extend`` (``forward_decode``) driven with ``self``, ``layer`` and ``forward_batch`` holding
     what it reads, 0.5.1 to 0.5.20: a decoder layer (two wrappers: a sliding-window backend's full-attention layer;
     ``cross`` not None: a cross-attention backend's cross or self-attention layer), the KV pool's buffer ``cache``;
     ``logit_cap``: the layer's attention logit soft cap (RadixAttention's, 0.0: none); ``window``: a sliding-window
-    layer's ``sliding_window_size`` (-1: a full-attention layer)."""
+    layer's ``sliding_window_size`` (-1: a full-attention layer); ``attn_type``: the layer's ``AttentionType``."""
     pool = types.SimpleNamespace(get_kv_buffer=lambda layer_id: (cache.k_cache, cache.v_cache))
     backend = object.__new__(module.FlashInferAttnBackend)
     backend.__dict__.update(
@@ -352,7 +352,7 @@ def _extend(module, func, calls, wrappers, ragged, cache, q, k, v, use_ragged, n
     layer = types.SimpleNamespace(
         layer_id=0, is_cross_attention=bool(cross), logit_cap=logit_cap, scaling=head_dim ** -0.5, sliding_window_size=window,
         tp_q_head_num=heads, tp_k_head_num=NUM_KV_HEADS, tp_v_head_num=NUM_KV_HEADS, head_dim=head_dim,
-        attn_type=module.AttentionType.DECODER, k_scale=tensors[0], v_scale=tensors[1],
+        attn_type=getattr(module.AttentionType, attn_type), k_scale=tensors[0], v_scale=tensors[1],
         k_scale_float=scales[0], v_scale_float=scales[1])
     batch = types.SimpleNamespace(out_cache_loc=None, encoder_out_cache_loc=None, token_to_kv_pool=pool)
     # AttentionType is only compared, by identity, with layer.attn_type (taken from it above)
