@@ -10,6 +10,7 @@ the entry is damaged, and an engine process never writes one.
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -54,15 +55,23 @@ print("FLASHFIX_RESULT=" + json.dumps({
 '''
 
 
+DOCTOR = PREPARE.replace('["prepare"]', '["doctor"]')
+
+
 def test_stored_decisions_on_sglang_decide_as_the_source_does(tmp_path):
     store = tmp_path / "decisions"
     env = {"FLASHFIX_CACHE_DIR": str(store), "FLASHFIX_LOG_LEVEL": "DEBUG"}
+    (before,) = engine_env.run("sglang==0.5.17", DOCTOR, env=env)  # the doctor says whether prepare has run
+    assert re.search(r"; decisions stored: 0/(\d+) \(run flashfix prepare\)$", before["lines"][-1]), before
     (prepared,) = engine_env.run("sglang==0.5.17", PREPARE, env=env)
     assert prepared["code"] == 0, prepared
     stored = [l.split()[0] for l in prepared["lines"] if " stored (" in l]
     assert len(stored) >= 15 and "sglang-fp8-kv-scales" in stored and "flashinfer-sink-jit-name" in stored, prepared
     assert not [l for l in prepared["lines"] if l.startswith("vllm-")], prepared  # vLLM is not installed there
     entries = sorted(os.listdir(store))
+    (after,) = engine_env.run("sglang==0.5.17", DOCTOR, env=env)
+    total = re.search(r"0/(\d+) ", before["lines"][-1]).group(1)
+    assert after["lines"][-1].endswith("; decisions stored: %s/%s" % (total, total)), after["lines"][-1]
     (cached,) = engine_env.run("sglang==0.5.17", ENGINE % (SGLANG_TARGETS,), env=env)
     assert sorted(os.listdir(store)) == entries  # the engine process wrote nothing
     (fresh,) = engine_env.run("sglang==0.5.17", ENGINE % (SGLANG_TARGETS,), env={"FLASHFIX_CACHE_DIR": "off", "FLASHFIX_LOG_LEVEL": "DEBUG"})

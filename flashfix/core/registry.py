@@ -925,6 +925,33 @@ def _stored_targets(patch, version):
     return targets
 
 
+def _decision_name(patch, version):
+    """``(read, name)``: what an engine process reads of ``patch``'s targets here, and its stored decision's name
+    (None where a target or its source is missing)."""
+    from flashfix.core import decisions as _decisions
+
+    targets = _stored_targets(patch, version)
+    found = [_locate.find(name) for name in targets]
+    read = tuple((n, f.origin, _digest(f.text)) for n, f in zip(targets, found) if f is not None and f.text)
+    return read, _decisions.key(patch, _origins.get(patch.id), version, read) if len(read) == len(targets) else None
+
+
+def decisions_stored(patches):
+    """``(stored, of)``: how many of ``[(patch, engine version)]`` have a decision stored for the source installed
+    here (``flashfix prepare``'s), or None where stored decisions are off (``FLASHFIX_CACHE_DIR=off``)."""
+    from flashfix.core import decisions as _decisions
+
+    if _decisions.directory() is None:
+        return None
+    stored = 0
+    for patch, version in patches:
+        try:
+            stored += _decisions.load(_decision_name(patch, version)[1]) is not None
+        except Exception:  # what cannot be read is not stored
+            pass
+    return stored, len(patches)
+
+
 def prepare_decisions():
     """``flashfix prepare``: store the decision of every patch of the engines installed here, read from source as an
     engine process would read it just before its targets run. ``[(id, what happened)]``."""
@@ -938,11 +965,8 @@ def prepare_decisions():
             if version is None:
                 continue  # an engine not installed here
             try:
-                targets = _stored_targets(patch, version)
-                found = [_locate.find(name) for name in targets]
-                read = tuple((n, f.origin, _digest(f.text)) for n, f in zip(targets, found) if f is not None and f.text)
-                name = _decisions.key(patch, _origins.get(patch.id), version, read)
-                if name is None or len(read) != len(targets):
+                read, name = _decision_name(patch, version)
+                if name is None:
                     done.append((patch.id, "not stored: a target module or its source is missing"))
                     continue
                 had = _decisions.load(name) is not None

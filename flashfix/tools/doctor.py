@@ -111,9 +111,17 @@ def _row_text(columns, reason):
     return "\n".join(below) + "\n"
 
 
-def summary(rows):
+def _stored(rows):
+    """``decisions_stored`` for the rows the runtime would apply here (verdict ``patch``)."""
+    patches = {p.id: p for p in _registry.load_all()}
+    return _registry.decisions_stored([(patches[r["id"]], r["engine_version"]) for r in rows
+                                       if r["verdict"] == "patch" and r["id"] in patches])
+
+
+def summary(rows, stored=None):
     """The text output's last line: the rows per verdict, and, where every row is ``not-installed``, that
-    there is no engine to patch (exit 0 all the same: an environment without engines is not an error)."""
+    there is no engine to patch (exit 0 all the same: an environment without engines is not an error).
+    ``stored``: ``(stored, of)`` decisions for the patches to apply (``flashfix prepare``), None: not told."""
     counts = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
@@ -121,6 +129,9 @@ def summary(rows):
         counts.items(), key=lambda item: (-item[1], item[0])))
     if rows and all(r["verdict"] == "not-installed" for r in rows):
         text += "; no engine installed (%s): nothing to patch" % ", ".join(sorted({r["engine"] for r in rows}))
+    elif stored is not None and stored[1]:
+        text += "; decisions stored: %d/%d%s" % (stored[0], stored[1], "" if stored[0] == stored[1] else
+                                                 " (run flashfix prepare)" if len(text) <= WIDTH - 47 else " (prepare)")
     return text
 
 
@@ -152,7 +163,7 @@ def run(as_json=False, strict=False, out=None, reader=None):
                                                    subsequent_indent=" " * 6, break_long_words=False)) + "\n")
             for source in r["sources"]:
                 out.write("    read %s  sha256:%s\n" % (source["file"], source["sha256"]))
-        out.write(summary(rows) + "\n")
+        out.write(summary(rows, _stored(rows) if reader is None else None) + "\n")
     bad = [r for r in rows if r["verdict"] == "unknown-shape" and r["in_range"]]
     if strict and (bad or packs or (cfg.problems and cfg.strict)):
         sys.stderr.writelines("flashfix: %s: %s %s is affected but its code has an unknown shape: %s\n"
