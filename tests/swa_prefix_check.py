@@ -3,6 +3,7 @@ FlashInfer backend imported with flashfix active, its own ``update_sliding_windo
 ``call_begin_forward`` (CPU tensors), and the FlashInfer calls of its own ``forward_extend`` read from the
 compiled code. Prints ``FLASHFIX_RESULT=<json>``."""
 import json
+import os
 from types import SimpleNamespace
 
 import torch
@@ -58,7 +59,6 @@ out = {"doctor": {i: rows[i]["verdict"] for i in IDS}, "reasons": {i: rows[i]["r
        "state": {i: st[i]["state"] for i in IDS}, "state_reason": {i: st[i]["reason"] for i in IDS},
        "ragged": plans(), "paged_only": plans(use_ragged=False), "keywords": lse_calls(),
        "changes": {i: [repr(c) for c in _registry._records[i]["changes"]] for i in IDS}}
-import os  # noqa: E402
 for i in os.environ.get("REVERT", ",".join(reversed(IDS))).split(","):  # in this order, each as it is then
     flashfix.revert(i)
     now = {r["id"]: r["state"] for r in flashfix.status()}

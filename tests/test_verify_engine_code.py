@@ -281,9 +281,7 @@ def test_sglang_swa_every_release_in_range_in_one_process():
 
     trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.13", patch.fixed_in)
     assert len(trees) >= 10, trees
-    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
-                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
-    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    out = sweep_check(trees, patch.id, "sglang_plan")
     seq_sum, prefix_sum = sum(p + n for p, n in SWA_REQUESTS), sum(p for p, _ in SWA_REQUESTS)
     bad = {}
     for version, _ in trees:
@@ -311,9 +309,7 @@ def test_sglang_per_layer_heads_every_release_in_range_in_one_process():
 
     trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", patch.fixed_in)
     assert len(trees) >= 35, trees
-    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
-                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
-    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    out = sweep_check(trees, patch.id, "sglang_plan")
     bad = {}
     for version, _ in trees:
         rows, log = out[version]["rows"], out[version]["log"]
@@ -494,9 +490,7 @@ def test_sglang_swa_layer_every_release_in_range_in_one_process():
 
     trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.11", patch.fixed_in)
     assert [v for v, _ in trees] == ["0.5.11", "0.5.12", "0.5.12.post1"], trees
-    code = SWEEP % {"tests": str(REPO / "tests"), "trees": trees, "top": "sglang", "patch": patch.id,
-                    "check": "sglang_plan", "kwargs": {"patch_id": patch.id}}
-    ((out,),) = [engine_env.run("sglang==0.5.17", code, env={"FLASHFIX_DISABLE": "flashinfer-sink-jit-name"})]
+    out = sweep_check(trees, patch.id, "sglang_plan")
     released = sum(min(p + n, SWA_WINDOW + n) for p, n in SWA_LAYER_REQUESTS) + 256
     patched = sum(min(p, SWA_WINDOW) for p, _ in SWA_LAYER_REQUESTS) + 256
     mask = sum(min(p, SWA_WINDOW) * n for p, n in SWA_LAYER_REQUESTS)

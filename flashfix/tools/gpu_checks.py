@@ -825,10 +825,12 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
         ["forward_extend"] if layer else []), fi)
     if not pairs:
         return rows
-    (live, original), *forward = pairs  # forward: (live forward_extend, the release's), each run with its own
-    if forward:
-        (live, original) = (live, forward[0][0]), (original, forward[0][1])
-    calls, bs, i32, bf16 = Calls((live[0] if forward else live).__code__.co_filename), len(requests), torch.int32, torch.bfloat16
+    # (the updater's function, the forward it is followed by), live and kept: the patch's own forward_extend where it
+    # rewrites one (each run with its own), else the live forward for both
+    forward = getattr(module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend"))
+    ((live, original), (live_forward, original_forward)) = pairs if layer else pairs + [(forward, forward)]
+    live, original = (live, live_forward), (original, original_forward)
+    calls, bs, i32, bf16 = Calls(live[0].__code__.co_filename), len(requests), torch.int32, torch.bfloat16
     cache = PagedBatch([(1 if cross else n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed,
                        device=device)  # cross: a request's encoder slots, then its decoder's; one query token
     gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -893,10 +895,10 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
                 backend.__dict__, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, data_type=bf16,
                 q_data_type=bf16, sliding_window_size=window, req_to_token=req_to_token, token_to_kv_pool_allocator=None,
                 attn_backend=backend)
-            (update, extend), took, error = func if forward else (func, None), [], None
+            (update, extend), took, error = func, [], None
         else:
-            _, took, error = drive(func, (updater, runner, backend), {}, calls)
-            update = cls.update_single_wrapper
+            _, took, error = drive(func[0], (updater, runner, backend), {}, calls)
+            update, extend = cls.update_single_wrapper, func[1]
         for step in range(2 if cross and replay else 1):  # cross: a CUDA graph's capture, then its replay
             if step:  # what capture leaves: each wrapper plans by fast_decode_plan, from lengths on the CPU
                 for w in wrappers:
@@ -910,10 +912,9 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
                 took += more
         if error:
             return None, took, error
-        out, more, error = _extend(module, extend if forward else getattr(
-            module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend")), calls, wrappers,
-            backend.prefill_wrapper_ragged, cache, q, *((None, None) if cross else (k, v)), use_ragged, heads=heads,
-            cross=cross_layer if cross else None, window=window if layer else -1)
+        out, more, error = _extend(module, extend, calls, wrappers, backend.prefill_wrapper_ragged, cache, q,
+                                   *((None, None) if cross else (k, v)), use_ragged, heads=heads,
+                                   cross=cross_layer if cross else None, window=window if layer else -1)
         return out, took + more, error
 
     # cross: a decode query attends to its encoder's K/V alone
