@@ -103,10 +103,11 @@ class Rule(_Written):
     ``Backport``'s docstring), as written; the matcher compiles it when it is first used."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
-                 fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
+                 fixed=None, buggy=None, fixed_if=None, constraints=None, every=False, parameters=None):
         self.module, self.function = module, function
         names = lambda text: set(re.findall(r"\$+(\w+)", text or ""))  # noqa: E731  (the metavariables it spells)
         self.unbound = sorted(names(after) - names(before) - names(where) - {"SELF", "RAN", "_"})
+        self.parameters = parse_parameters(parameters, function)
         for keyword, text in (("before", before), ("after", after), ("where", where), ("inside", inside)) + tuple(
                 ("fixed_if", f) for f in ([fixed_if] if isinstance(fixed_if, str) else fixed_if or ())):
             if text is not None:  # a pattern that is not Python fails when declared; the matcher compiles it when used
@@ -115,10 +116,28 @@ class Rule(_Written):
             re.compile(regex)
         self.written = (module, function, before, after, dict(
             where=where, inside=inside, absent_unless_mentioned=absent_unless_mentioned, fixed=fixed, buggy=buggy,
-            fixed_if=fixed_if, constraints=constraints, every=every))
+            fixed_if=fixed_if, constraints=constraints, every=every, parameters=self.parameters))
 
     def _built(self):
         return _matcher.rule_of(self)
+
+
+def parse_parameters(text, function):
+    """``Rule``'s ``parameters`` (a str or tuple of str, each ``name=default``, the default a literal) as
+    ``((name, default), ...)``; a ValueError where one is not that, or the hunk is not a function's."""
+    if not text:
+        return ()
+    if function is None or not isinstance(text, (str, tuple)):
+        raise ValueError("`parameters` needs a function and is a str or tuple of `name=default`: %r" % (text,))
+    out = []
+    for item in (text,) if isinstance(text, str) else text:
+        try:
+            arg = ast.parse("def f(*, %s): pass" % item).body[0].args
+            (name,), (default,) = [a.arg for a in arg.kwonlyargs], arg.kw_defaults
+            out.append((name, ast.literal_eval(default)))
+        except (SyntaxError, ValueError, TypeError):
+            raise ValueError("`parameters` of %s: %r is not `name=default` with a literal default" % (function, item)) from None
+    return tuple(out)
 
 
 def layouts(hunks, sites):
@@ -134,6 +153,7 @@ class Declaration(_Written):
     def __init__(self, id, hunks, sites, needs, context, check):
         self.id, self.hunks, self.sites_written, self.needs, self.context, self.check = id, hunks, sites, needs, context, check
         self.layouts = layouts(hunks, sites)  # what the registry reads of a series without building the matcher
+        self.parameters = {name: value for h in hunks for name, value in getattr(h, "parameters", ())}  # their defaults
 
     def _built(self):
         return _matcher.declaration_of(self)
@@ -198,17 +218,17 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     ``after`` (str patterns), and ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
     ``fixed_if`` (str or tuple of str: the fix is in; default ``after``), ``fixed``, ``buggy`` (str reasons,
     ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables), ``constraints`` (dict:
-    metavariable -> regex on its code), ``every`` (bool: replace every match), ``absent_unless_mentioned``
+    metavariable -> regex on its code), ``every`` (bool: replace every match), ``parameters``
+    (``name=literal`` str(s): new keyword-only parameters), ``absent_unless_mentioned``
     (str: not-affected where the code never mentions it; else an absent target is unknown-shape). ``$SELF``:
-    the function's first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple
+    the first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple
     of ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
     ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple of one
     ``(module, function)`` per hunk). ``needs``: dict ``{name: module}``, globals the new code reads that the
     target may lack. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape``
-    that decides; ``check``: callable ``(module)``, at apply time. Either refuses by raising ``ShapeError``
-    (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
-    ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed (a wheel read: its own exact
-    pins). ``memory``: str, the GPU memory it adds. Reference: docs/writing-a-backport.md."""
+    that decides; ``check``: callable ``(module)``, at apply time. Either refuses by raising ``ShapeError``:
+    unknown-shape, its message the reason. ``requires``:
+    ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed. ``memory``: str, the GPU memory it adds. See docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)

@@ -288,8 +288,9 @@ class Rule:
     compiled patterns and what is derived from them (the keywords: ``Backport``'s docstring)."""
 
     def __init__(self, module, function, before, after, where=None, inside=None, absent_unless_mentioned=None,
-                 fixed=None, buggy=None, fixed_if=None, constraints=None, every=False):
+                 fixed=None, buggy=None, fixed_if=None, constraints=None, every=False, parameters=()):
         self.module, self.function, self.name = module, function, function or module
+        self.parameters = tuple(parameters or ())  # ((name, default), ...): keyword-only parameters it adds
         self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if is None  # derivable: ``after``
         self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else fixed_if or [  # upstream's
             re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)]  # form (derive_prefix turns it back), without $RAN
@@ -343,6 +344,14 @@ class Rule:
         fixed = self.fixed_form(func, scopes)
         if fixed is not None:
             return None, fixed
+        taken = [a.arg for a in _arguments(func)]
+        clash = next((name for name, _ in self.parameters if name in taken), None)
+        kwarg = getattr(getattr(func, "args", None), "kwarg", None)
+        if self.parameters and (clash is not None or kwarg is not None or not hasattr(func, "args")):
+            return None, Shape(UNKNOWN, "%s already takes a parameter %s (not the fixed form)" % (self.name, clash) if clash
+                               else "%s takes **%s: a keyword parameter added before it could take what callers pass "
+                               "there" % (self.name, kwarg.arg) if kwarg is not None else
+                               "%s is a class, not a function: it takes no parameters" % self.name)
         checked = [(n, b, self._allowed(b)) for n, b in find(self.before, scopes, given)]
         found, refused = [(n, b) for n, b, no in checked if not no], [(n, no) for n, _, no in checked if no]
         if len(found) > 1 and not self.every:
@@ -436,9 +445,24 @@ class Rule:
             if not self.ran and number == 0 and mark is not None:  # None: a class body or module, no marker
                 _source.insert_before(func_def, new.body[0] if isinstance(new, Block) else new, mark)
             news.append(new)
+        if self.parameters:  # keyword-only, after the others (the def node's own, copied: the release's is shared)
+            args = func_def.args = copy.copy(func_def.args)
+            args.kwonlyargs = args.kwonlyargs + [ast.arg(name) for name, _ in self.parameters]
+            args.kw_defaults = args.kw_defaults + [ast.parse(repr(value), mode="eval").body  # -1: as the text parses
+                                                   for _, value in self.parameters]
         if names is not None:
             names.update(_free_names(news, func_def))
         ast.fix_missing_locations(func_def)
+
+    def new_parameters(self):
+        """The ``ast.arg`` nodes of the parameters it adds (names the new code may read)."""
+        return [ast.arg(name) for name, _ in self.parameters]
+
+
+def _arguments(func):
+    """Every parameter of the def node ``func`` (none for a class or a module)."""
+    a = getattr(func, "args", None)
+    return [] if a is None else a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x is not None]
 
 
 def _provides(modname, name):
@@ -543,10 +567,13 @@ class Declaration:
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):  # what the runtime refuses, the probe does
                 _body(trees[modname], func, functools.partial(rule.edit, given=given))
             first = first or shape
-            news.setdefault((modname, qualname), (func, []))[1].extend(build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found)
+            news.setdefault((modname, qualname), (func, []))[1].extend(
+                [build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found] + rule.new_parameters())
             out.append((rule, modname, qualname, func))
         for (modname, _), (func, built) in news.items():  # one function's hunks together: a name one binds, another reads
-            names.setdefault(modname, set()).update(_free_names(built, func))
+            names.setdefault(modname, set()).update(_free_names(built, func) - {  # not those the code read already
+                n.id for n in walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})  # (a bound
+            # metavariable's: an earlier patch of the series may have given the module that global, through its ``needs``)
         for modname, read in names.items():  # the names each hunk's new code reads, as prepare() asks its module
             lacking = [n for n in sorted(read) if not _source.binds(modname, n, tree=trees[modname])
                        and not (n in self.needs and _provides(self.needs[n], n))]

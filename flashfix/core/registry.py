@@ -148,14 +148,18 @@ class SwapCode:
         if held != tuple(i for i in self.ids if i != self.id):
             raise ShapeError("%s was compiled over the series %s, but the function runs %s now" % (
                 self.func.__qualname__, ", ".join(self.ids[:-1]) or "(none)", ", ".join(held) or "(none)"))
+        base = stack.kwdefaults if stack is not None else self.func.__kwdefaults__
+        kwdefaults = _kwdefaults(self.marked, stack.original if stack is not None else self.old, self.ids, base)
         _hold_mark(self.func.__globals__)
-        try:
+        try:  # a new parameter's default first: the release's code ignores it, the new code needs it
+            self.func.__kwdefaults__ = kwdefaults
             self.func.__code__ = self.marked
         except Exception:
+            self.func.__kwdefaults__ = base
             _release_mark(self.func.__globals__)
             raise
         if stack is None:
-            stack = _stacks[id(self.func)] = _Stack(self.func, self.old)
+            stack = _stacks[id(self.func)] = _Stack(self.func, self.old, base)
         stack.take(self)
 
     def undo(self):
@@ -169,20 +173,20 @@ class SwapCode:
             log.warning("not restoring %s: its code was replaced by someone else since", self.func.__qualname__)
             del _stacks[id(self.func)]
         elif not left:
-            self.func.__code__ = stack.original
-            del _stacks[id(self.func)]
+            stack.restore()
         else:  # the others stay: the function compiled from them alone
             try:
                 marked, plain = compose(self.func, left, stack.original)
+                kwdefaults = _kwdefaults(marked, stack.original, left, stack.kwdefaults)
             except Exception as exc:  # what they were judged on is gone: the release's code, and say so
                 log.error("%s: %s no longer applies without %s (%r): the release's code runs", self.func.__qualname__,
                           ", ".join(left), self.id, exc)
-                self.func.__code__ = stack.original
-                del _stacks[id(self.func)]
+                stack.restore()
                 _stranded.extend((i, self.id) for i in left)  # revert() gives them back whole
             else:
                 rest = SwapCode(self.func, marked, plain, site_of(left[-1], self.site.split(":", 1)[1]), ids=left)
                 self.func.__code__ = marked
+                self.func.__kwdefaults__ = kwdefaults  # (after: the defaults of a parameter dropped go last)
                 stack.take(rest)
         _release_mark(self.func.__globals__)
 
@@ -194,8 +198,15 @@ class SwapCode:
 class _Stack:
     """One function's series as applied: its release code, the patches in it and the code it runs."""
 
-    def __init__(self, func, original):
+    def __init__(self, func, original, kwdefaults):
         self.func, self.original, self.ids, self.current = func, original, [], None
+        self.kwdefaults = kwdefaults  # the release's ``__kwdefaults__`` (a patch may add a keyword parameter)
+
+    def restore(self):
+        """The release's code and defaults back; the function leaves the series."""
+        self.func.__code__ = self.original
+        self.func.__kwdefaults__ = self.kwdefaults
+        del _stacks[id(self.func)]
 
     def take(self, change):
         self.drop()
@@ -208,6 +219,26 @@ class _Stack:
             if _sites.get(site) is self.current:
                 del _sites[site]
         self.ids, self.current = [], None
+
+
+def _kwdefaults(code, original, ids, base):
+    """The ``__kwdefaults__`` a function needs to run ``code``: ``base`` (the release's), with each keyword-only
+    parameter that ``code`` takes and the release's ``original`` does not given its default, from the
+    declarations of the patches ``ids`` (a ``Rule``'s ``parameters``); ShapeError where none declares one."""
+    def kwonly(c):
+        return c.co_varnames[c.co_argcount:c.co_argcount + c.co_kwonlyargcount]
+
+    added = [n for n in kwonly(code) if n not in kwonly(original)]
+    if not added:
+        return base
+    values = {}
+    for pid in ids:
+        values.update(getattr(getattr(_patches.get(pid), "rule", None), "parameters", None) or {})
+    missing = [n for n in added if n not in values]
+    if missing:
+        raise ShapeError("the new code of %s takes a parameter %s that no patch of its series (%s) declares"
+                         % (code.co_name, missing[0], ", ".join(ids)))
+    return dict(base or {}, **{n: values[n] for n in added})
 
 
 _stacks = {}  # id(function) -> its _Stack, while a patch's code runs there

@@ -237,6 +237,8 @@ class Writer:
             return
         mark = len(self.edits)
         try:
+            if isinstance(old, ast.arguments) and isinstance(new, ast.arguments):
+                return self.parameters(old, new)
             if type(old) is not type(new) or [v for _, v in ast.iter_fields(old) if not isinstance(v, (ast.AST, list))] \
                     != [v for _, v in ast.iter_fields(new) if not isinstance(v, (ast.AST, list))]:
                 raise _Up()
@@ -269,6 +271,23 @@ class Writer:
                     self.noted = True
             except _Up:  # not on a line of its own: the comments are left out
                 pass
+
+    def parameters(self, old, new):
+        """Keyword-only parameters added after a def's others (a ``Rule``'s ``parameters``), written after its last
+        one on that line; any other change of a signature: _Up (the def is written whole)."""
+        k, same = len(old.kwonlyargs), lambda f: equal(getattr(old, f), getattr(new, f))
+        if not all(map(same, ("posonlyargs", "args", "vararg", "kwarg", "defaults"))) or old.kwarg is not None or not (
+                equal(old.kwonlyargs, new.kwonlyargs[:k]) and equal(old.kw_defaults, new.kw_defaults[:k])):
+            raise _Up()
+        present = [n for n in old.posonlyargs + old.args + old.defaults + old.kwonlyargs + old.kw_defaults + [old.vararg]
+                   if n is not None]
+        if not present:
+            raise _Up()
+        end = max(self.span(n)[1] for n in present)
+        slash = re.match(r"\s*,\s*/", self.src[end:]) if not (old.args or old.vararg or old.kwonlyargs) else None
+        end += slash.end() if slash else 0
+        added = ", ".join("%s=%s" % (a.arg, self.spell(d)) for a, d in zip(new.kwonlyargs[k:], new.kw_defaults[k:]))
+        self.put(end, end, ", %s%s" % ("" if old.vararg or old.kwonlyargs else "*, ", added))
 
     def orelse(self, old, new):
         """An ``elif`` branch put before another (else the ``if`` statement is written again)."""
