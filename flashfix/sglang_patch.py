@@ -1,6 +1,6 @@
 """SGLang patches: backports of sgl-project/sglang PR #34217 (first in 0.5.18), #27338, #27460 and #23993
-(0.5.13), #38590 (0.5.20), of FlashInfer-backend fixes first released in 0.5.10, 0.5.17 and 0.5.21 (PRs not
-identified), and fixes of flashfix's own that no release has (#23993's fallback given base-2 LSEs, the MLA
+(0.5.13), #31501 (0.5.16), #38590 (0.5.20), of FlashInfer-backend fixes first released in 0.5.10, 0.5.17 and
+0.5.21 (PRs not identified), and fixes of flashfix's own that no release has (#23993's fallback given base-2 LSEs, the MLA
 chunk runner's LSE base, the logit soft cap at plan time).
 
 #34217 fixes three unrelated small things; each is its own declaration (``flashfix.semantic``:
@@ -10,13 +10,11 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 0.5.14, 0.5.17, 0.5.18 and 0.5.23 (tests/test_sglang_real.py), and on every final release from
 0.5.1 on from its wheel's source (scripts/sweep_releases.py, tests/test_sweep.py).
 """
-# Silent wrong-output fixes of the FlashInfer backend found in the releases and NOT carried here
-# (survey of every final release 0.5.1 to 0.5.23, flashinfer_backend.py and flashinfer_mla_backend.py):
+# Silent wrong-output fixes of the FlashInfer backend found in the releases (survey of every final release
+# 0.5.1 to 0.5.23, flashinfer_backend.py and flashinfer_mla_backend.py), and where they stand here:
 # * #31501 (0.5.16; 0.5.1-0.5.15 affected): the paged-only SWA prefill plans its wrapper without
-#   ``window_left``, so FlashInfer compiles the window mask out. Upstream adds a parameter to
-#   FlashInferIndicesUpdaterPrefill.call_begin_forward and passes it from update_sliding_window; a
-#   declaration edits function bodies only (no signature), and 0.5.14/0.5.15 plan with
-#   ``**paged_plan_kwargs``, which no pattern matches by design.
+#   ``window_left``: carried (sglang-swa-paged-plan-window-left), with the keyword parameter upstream adds
+#   to FlashInferIndicesUpdaterPrefill.call_begin_forward (``Rule(parameters=...)``).
 # * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. Carried
 #   from 0.5.11 (sglang-swa-ragged-prefix-extend-slots); 0.5.1-0.5.10's call_begin_forward takes no
 #   custom mask (upstream's fix needs the parameter 0.5.11 added): known-unfixed there.
@@ -350,14 +348,6 @@ PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_K
 from flashfix.semantic import Known, Rule  # noqa: E402
 
 KNOWN = (Known(
-    id="sglang-swa-paged-plan-window-left", engine="sglang", versions=">=0.5.1,<0.5.16",
-    upstream="https://github.com/sgl-project/sglang/pull/31501",
-    summary="sliding-window paged-only prefill (piecewise CUDA-graph prefill, deterministic mode, "
-            "SGLANG_FLASHINFER_USE_PAGED, multimodal): window_left is not passed to plan(), so the window mask is "
-            "compiled out and sliding-window layers attend to the whole context",
-    why_not="the fix adds a window_left parameter to FlashInferIndicesUpdaterPrefill.call_begin_forward (a signature "
-            "change) and 0.5.14-0.5.15 plan through **kwargs: not a source-level declaration"),
-  Known(
     id=SWA_PREFIX_OLD_ID, engine="sglang", versions=">=0.5.1,<0.5.11",
     upstream="https://github.com/sgl-project/sglang/pull/26513",
     summary="sliding-window models, ragged + paged extend over a cached prefix: the paged pass's range covers extend "
@@ -900,6 +890,46 @@ SOFT_CAP_PLAN = Backport(
 
     Delete when: SGLang plans with the cap (the probe then reads fixed-upstream).""")
 PATCHES += (SOFT_CAP_PLAN,)
+
+
+# --- sglang#31501 (0.5.16): the paged-only prefill plans its sliding-window wrapper without the window ----------
+
+SWA_PAGED_PLAN_WINDOW = Backport(
+    id="sglang-swa-paged-plan-window-left", engine="sglang", versions=">=0.5.1", fixed_in="0.5.16",
+    upstream="https://github.com/sgl-project/sglang/pull/31501",
+    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.call_begin_forward", parameters="window_left=-1",
+                before="wrapper_paged.begin_forward($$$A, **$$$KW, **$$$SPLAT)",  # SPLAT: 0.5.14's **paged_plan_kwargs
+                after="wrapper_paged.begin_forward($$$A, **$$$KW, **$$$SPLAT, "
+                      "**({'window_left': window_left} if window_left >= 0 else {}))",
+                fixed_if=('$_["window_left"] = window_left', "wrapper_paged.begin_forward($$$_, window_left=$_, **$$$_)"),
+                fixed="{name} plans the paged wrapper with the caller's window_left (`{form}`)",
+                buggy="{name} (line {line}) plans the paged wrapper without window_left, so FlashInfer picks a module "
+                      "with no window mask"),
+           Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.update_sliding_window",
+                before="self.call_begin_forward($$$A, **$$$KW)", where="for $ID in range(2):\n    $$$_",
+                after="self.call_begin_forward($$$A, **$$$KW, window_left=self.sliding_window_size if $ID == 0 and not "
+                      "use_ragged and spec_info is None else -1)",
+                fixed_if="self.call_begin_forward($$$_, window_left=$_, **$$$_)",
+                fixed="{name} passes the sliding-window wrapper's window to its plan (`{form}`)",
+                buggy="{name} (line {line}) plans the sliding-window wrapper of a paged-only prefill without its window")),
+    summary="sliding-window models, paged-only prefill (piecewise CUDA-graph prefill, deterministic mode, "
+            "SGLANG_FLASHINFER_USE_PAGED, multimodal): the sliding-window wrapper is planned with the window",
+    doc="""Why: FlashInfer fixes whether a prefill kernel masks a sliding window when plan() picks its
+    module: window_left given at forward() is read only by a module planned with a window. SGLang's
+    paged-only prefill of a sliding-window layer (Gemma 2/3, GPT-OSS, ...) plans without it and trims
+    the KV only per request (the window before each request's first new token), so each later new
+    token attends up to that many tokens beyond its window: silently wrong output wherever an extend
+    runs paged-only.
+    How: as upstream, FlashInferIndicesUpdaterPrefill.call_begin_forward gains a keyword parameter
+    ``window_left=-1`` (keyword-only here) and plans the paged wrapper with it when it is set; the
+    sliding-window wrapper's plan in update_sliding_window passes the layer's window, on the paged-only
+    path without speculative input (the ragged path keeps -1: its prefix pass is what
+    sglang-swa-ragged-prefix-extend-slots masks). Every other plan is the release's exact call.
+    Both hunks apply or neither; the parameter is added before any caller passes it.
+    Affected: 0.5.1 to 0.5.15 (0.5.14 and 0.5.15 plan through ``**paged_plan_kwargs``, passed on as it is).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.16.""")
+PATCHES += (SWA_PAGED_PLAN_WINDOW,)
 
 
 # --- encoder-only layers run causal on the FlashInfer backend (fixed in 0.5.11, PR not identified) ------------

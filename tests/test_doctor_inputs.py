@@ -101,7 +101,8 @@ def test_invalid_version_gives_a_clean_verdict(tmp_path, version):
              "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens",
              "sglang-merge-state-launch-limit", "sglang-piecewise-graph-paged-prefill",
              "sglang-triton-per-layer-heads-buffers", "sglang-swa-ragged-prefix-extend-slots",
-             "sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal"}  # fixed in 0.5.17's code: no version needed
+             "sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal",
+             "sglang-swa-paged-plan-window-left"}  # fixed in 0.5.17's code: no version needed
     absent = {"sglang-trtllm-fp8-moe-swiglu-limit"}  # 0.5.17's code has no such function: that needs no version either
     assert {r["id"]: r["verdict"] for r in sglang} == {r["id"]: "fixed-upstream" if r["id"] in fixed else
                                                        "not-affected" if r["id"] in absent else "unknown-shape"

@@ -42,6 +42,7 @@ SWA_FULL = released.SWA_FULL  # fixed in 0.5.21: patch on 0.5.18, fixed-upstream
 CLAMP = "sglang-trtllm-fp8-moe-swiglu-limit"  # fixed in 0.5.20; 0.5.18 pins a FlashInfer without the clamp
 XATTN = "sglang-cross-attn-decode-plan-lens"  # fixed in 0.5.10
 PCG = "sglang-piecewise-graph-paged-prefill"  # sglang#20061, fixed in 0.5.10
+WINDOW = "sglang-swa-paged-plan-window-left"  # sglang#31501, fixed in 0.5.16
 TRITON_HEADS = "sglang-triton-per-layer-heads-buffers"  # sglang#32625, fixed in 0.5.17
 CUTLASS_DIMS = "sglang-sm100-cutlass-head-dims"  # fixed in 0.5.21: a pre-fix shape on 0.5.18
 MLA_PADDED = "sglang-mla-indptr-padded-batch"  # fixed in 0.5.20: 0.5.18's own (not derived) MLA module has the bug
@@ -211,14 +212,14 @@ def test_derived_doctor(release):
          CLAMP: "fixed" if swa_fixed else "buggy", CUTLASS_DIMS: "fixed" if swa_fixed else "buggy",
          MLA_PADDED: "fixed" if swa_fixed else "buggy", MERGE_LIMIT: "fixed", MERGE_BASE: "buggy", MLA_LSE: "buggy",
          SOFT_CAP: "buggy"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX) + ENCODER, "fixed")), d["probe"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, WINDOW) + ENCODER, "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
     assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
         {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch",
          CLAMP: "fixed-upstream" if swa_fixed else "known-unfixed",  # 0.5.18's FlashInfer 0.6.17 takes no clamp
          CUTLASS_DIMS: "fixed-upstream" if swa_fixed else "patch", MLA_PADDED: "fixed-upstream" if swa_fixed else "patch",
          MERGE_LIMIT: "fixed-upstream", MERGE_BASE: "patch", MLA_LSE: "patch", SOFT_CAP: "patch"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX) + ENCODER, "fixed-upstream")), d["shipped"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, WINDOW) + ENCODER, "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
 
@@ -232,7 +233,7 @@ def test_derived_patched_at_runtime_and_reverted(release):
                            CUTLASS_DIMS: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_PADDED: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_LSE: "applied", SOFT_CAP: "applied", MERGE_BASE: "not-affected"},  # MERGE_BASE: defined only where FlashInfer is available: not on a CPU
-                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX) + LATER + ENCODER,
+                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX, WINDOW) + LATER + ENCODER,
                                           "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:

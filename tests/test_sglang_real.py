@@ -63,6 +63,8 @@ for _release, _verdicts in EXPECTED.items():
     _verdicts["sglang-encoder-only-paged-causal"] = _verdicts["sglang-encoder-only-ragged-causal"] = "fixed-upstream"  # 0.5.11
     _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
         "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")
+    _verdicts["sglang-swa-paged-plan-window-left"] = (  # sglang#31501, fixed in 0.5.16
+        "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")
 # What they change exists only where FlashInfer is available (``if is_flashinfer_available():``), which a CPU
 # process is not: there the runtime reads not-affected, nothing bound to change (tests/test_merge_state_heads.py
 # applies them with FlashInfer's module imported).

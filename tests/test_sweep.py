@@ -108,6 +108,8 @@ for (_dist, _version), _verdicts in EXPECTED.items():
         for _pid in ("sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal"):  # fixed in 0.5.11
             _verdicts[_pid] = "patch" if Version(_version) < Version("0.5.11") else "fixed-upstream"
         _verdicts[CUTLASS_DIMS] = "patch" if Version(_version) < Version("0.5.21") else "fixed-upstream"
+        _verdicts["sglang-swa-paged-plan-window-left"] = (  # sglang#31501, fixed in 0.5.16
+            "patch" if Version(_version) < Version("0.5.16") else "fixed-upstream")
         _verdicts[MLA_PADDED] = ("not-affected" if Version(_version) < Version("0.5.14") else
                                  "patch" if Version(_version) < Version("0.5.20") else "fixed-upstream")
     if _dist == "vllm":

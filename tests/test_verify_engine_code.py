@@ -115,7 +115,10 @@ for version, tree in %(trees)r:
     for name in [m for m in sys.modules if m.split(".")[0] == %(top)r]:
         del sys.modules[name]  # the last release's modules: this one is imported afresh
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, g.EngineModuleFinder)]
-    _registry._records[%(patch)r].update(state="waiting", changes=[], decided=None, engine_version=None)
+    for record in _registry._records.values():  # every patch judged afresh, series members before it too
+        record.update(state="waiting", changes=[], decided=None, engine_version=None)
+    _registry._series.clear()  # (the last release's series: who rewrites each function)
+    _registry._ahead.clear()
     del fake_flashinfer.LOG[:]
     rows = g.%(check)s(path=tree, fi=fi, **%(kwargs)r)
     out[version] = {"rows": rows, "log": list(fake_flashinfer.LOG)}
@@ -509,6 +512,35 @@ def test_sglang_swa_layer_every_release_in_range_in_one_process():
             problems.append("sliding-window wrapper's kv_indices (released, patched): %s" % sizes)
         if masks != [None, "tensor[%d] bool" % mask]:
             problems.append("sliding-window wrapper's custom mask (released, patched): %s" % masks)
+        if problems:
+            bad[version] = problems
+    assert not bad, bad
+
+
+def test_sglang_swa_paged_window_every_release_in_range_in_one_process():
+    """sglang-swa-paged-plan-window-left (sglang#31501) on every final release from 0.5.1 to 0.5.15.post1: the engine's
+    update_sliding_window plans both wrappers through its call_begin_forward (the patch's, with the parameter it adds,
+    or the release's) and forward_extend runs a sliding-window layer's paged-only extend. As released the
+    sliding-window wrapper is planned without window_left; patched with the window, and the full-attention
+    wrapper's plan and every plan of the ragged extend stay the release's calls."""
+    from flashfix.sglang_patch import SWA_PAGED_PLAN_WINDOW as patch
+    from flashfix.tools.gpu_checks import SWA_WINDOW
+
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", patch.fixed_in)
+    assert len(trees) >= 30 and trees[-1][0] == "0.5.15.post1", trees
+    out = sweep_check(trees, patch.id, "sglang_plan")
+    bad = {}
+    for version, _ in trees:
+        rows, log = out[version]["rows"], out[version]["log"]
+        problems = row_problems(rows)
+        main = [r for r in rows if r["case"].startswith("paged-only extend")]
+        if not main or [c.split(" line")[0] for c in main[0]["calls_flashfix"]][-1:] != ["paged swa.forward"]:
+            problems.append("the paged-only extend of the sliding-window layer did not run: %s" % main)
+        # the paged plans of the main case, released then patched: [swa, full] each
+        plans = [e[3].get("window_left") for e in log if e[0] == "BatchPrefillWithPagedKVCacheWrapper"
+                 and e[1] == "begin_forward"][:4]
+        if plans != [None, None, SWA_WINDOW, None]:
+            problems.append("window_left planned (released swa, full; patched swa, full): %s" % plans)
         if problems:
             bad[version] = problems
     assert not bad, bad

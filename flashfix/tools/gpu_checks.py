@@ -813,23 +813,28 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     ``forward_extend`` of a ragged extend over a cached prefix whose extend slots hold garbage: SWA, a full-attention
     layer (control: paged-only); per-layer heads, the 32-head layer of [16, 32] (control: no per-layer counts).
     Cross-attention: ``forward_decode`` of a cross-attention layer, its decode wrappers planned as a CUDA graph's
-    replay plans them, by ``fast_decode_plan`` (controls: the self-attention layer; the plan at capture)."""
+    replay plans them, by ``fast_decode_plan`` (controls: the self-attention layer; the plan at capture).
+    Paged window (sglang#31501): a sliding-window layer's paged-only extend, its new tokens' K/V in the cache, the
+    updater's ``call_begin_forward`` the patch's or the release's (controls: a full-attention layer; the ragged
+    extend)."""
     import collections
     import torch
-    swa, cross, layer = (patch_id == "sglang-%s" % n for n in (
-        "swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens", "swa-ragged-prefix-extend-slots"))
-    swa = swa or layer  # layer: sglang#26513, a sliding-window layer (its patch rewrites forward_extend too)
-    requests = requests or (XATTN_REQUESTS if cross else SWA_LAYER_REQUESTS if layer else SWA_REQUESTS)
+    swa, cross, layer, paged = (patch_id == "sglang-%s" % n for n in (
+        "swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens", "swa-ragged-prefix-extend-slots",
+        "swa-paged-plan-window-left"))
+    swa = swa or layer or paged  # layer: sglang#26513, a sliding-window layer (its patch rewrites forward_extend too)
+    requests = requests or (XATTN_REQUESTS if cross else SWA_LAYER_REQUESTS if layer or paged else SWA_REQUESTS)
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [
         "update_sliding_window" if swa else "update_cross_attention" if cross else "Prefill.__init__"] + (
-        ["forward_extend"] if layer else []), fi)
+        ["forward_extend"] if layer else ["Prefill.call_begin_forward"] if paged else []), fi)
     if not pairs:
         return rows
     # (the updater's function, the forward it is followed by), live and kept: the patch's own forward_extend where it
     # rewrites one (each run with its own), else the live forward for both
     forward = getattr(module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend"))
-    ((live, original), (live_forward, original_forward)) = pairs if layer else pairs + [(forward, forward)]
-    live, original = (live, live_forward), (original, original_forward)
+    ((live, original), (live_forward, original_forward)) = pairs if layer else pairs[:1] + [(forward, forward)]
+    planner = dict(zip(("live", "original"), pairs[1])) if paged else {}  # the updater's call_begin_forward
+    live, original = (live, live_forward, planner.get("live")), (original, original_forward, planner.get("original"))
     calls, bs, i32, bf16 = Calls(live[0].__code__.co_filename), len(requests), torch.int32, torch.bfloat16
     cache = PagedBatch([(1 if cross else n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed,
                        device=device)  # cross: a request's encoder slots, then its decoder's; one query token
@@ -843,7 +848,10 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     for i, (p, _) in enumerate(requests):  # the request's slots; its extend slots hold garbage until written
         slots = cache.kv_indices[int(cache.kv_indptr[i]):int(cache.kv_indptr[i + 1])]
         req_to_token[i, :len(slots)] = slots
-        if not cross:
+        if paged:  # a paged-only extend reads its new tokens' K/V from the cache: written before it runs
+            rows_ = slice(int(cache.qo_indptr[i]), int(cache.qo_indptr[i + 1]))
+            cache.k_cache[slots[p:].long()], cache.v_cache[slots[p:].long()] = k[rows_].unsqueeze(1), v[rows_].unsqueeze(1)
+        elif not cross:
             cache.k_cache[slots[p:].long()] = cache.v_cache[slots[p:].long()] = 30.0
 
     def gather(table, rows, lens, indptr, start, out, *_, **__):  # SGLang's Triton kernel (page size 1), in torch
@@ -873,7 +881,8 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
                                    req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
                                    token_to_kv_pool_allocator=None)
 
-    def run(func, use_ragged=True, per_layer=(NUM_QO_HEADS, 2 * NUM_QO_HEADS), cross_layer=True, replay=True):
+    def run(func, use_ragged=not paged, per_layer=(NUM_QO_HEADS, 2 * NUM_QO_HEADS), cross_layer=True, replay=True,
+            sliding=layer or paged):
         workspace, names = _workspace(device), ("forward", "forward_return_lse", "begin_forward")
         backend.__dict__.update(kv_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in labels],
                                 qo_indptr=[torch.zeros(bs + 1, dtype=i32, device=device) for _ in labels],
@@ -894,8 +903,10 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
             updater.__dict__.update(
                 backend.__dict__, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim, data_type=bf16,
                 q_data_type=bf16, sliding_window_size=window, req_to_token=req_to_token, token_to_kv_pool_allocator=None,
-                attn_backend=backend)
-            (update, extend), took, error = func, [], None
+                attn_backend=backend, logits_soft_cap=None)  # (what sglang-flashinfer-logit-softcap-plan's __init__ sets)
+            (update, extend, plan), took, error = func, [], None
+            if plan is not None:  # the patch's, or the release's, planning under the release's update_sliding_window
+                updater.call_begin_forward = types.MethodType(plan, updater)
         else:
             _, took, error = drive(func[0], (updater, runner, backend), {}, calls)
             update, extend = cls.update_single_wrapper, func[1]
@@ -914,15 +925,17 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
             return None, took, error
         out, more, error = _extend(module, extend, calls, wrappers, backend.prefill_wrapper_ragged, cache, q,
                                    *((None, None) if cross else (k, v)), use_ragged, heads=heads,
-                                   cross=cross_layer if cross else None, window=window if layer else -1)
+                                   cross=cross_layer if cross else None, window=window if sliding else -1)
         return out, took + more, error
 
     # cross: a decode query attends to its encoder's K/V alone
     ref = _prefix_reference(q, *((k[:0], v[:0]) if cross else (k, v)), cache.qo_indptr, lambda i: tuple(
-        cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5, window_left=window if layer else -1)
+        cache.request_kv(i, x)[:requests[i][0]] for x in "kv"), head_dim ** -0.5, window_left=window if layer or paged else -1)
     base = dict(head, requests=[list(r) for r in requests], head_dim=head_dim, layer_heads=heads, window=window if swa else -1)
-    case, controls = (("ragged extend over a cached prefix, %s layer" % ("sliding-window" if layer else "full-attention"), [
-        ("paged-only extend", dict(use_ragged=False))]) if swa else ("cross-attention decode, planned as a CUDA graph replays", [
+    case, controls = (("paged-only extend over a cached prefix, sliding-window layer", [
+        ("a full-attention layer", dict(sliding=False)), ("ragged extend", dict(use_ragged=True))])) if paged else (
+        ("ragged extend over a cached prefix, %s layer" % ("sliding-window" if layer else "full-attention"), [
+            ("paged-only extend", dict(use_ragged=False))]) if swa else ("cross-attention decode, planned as a CUDA graph replays", [
             ("the self-attention layer", dict(cross_layer=False)), ("the plan at capture", dict(replay=False))]) if cross else (
         "ragged extend over a cached prefix, 32-head layer", [("a model without per-layer head counts", dict(per_layer=None))]))
     try:

@@ -42,6 +42,7 @@ CHECKS = (
     ("fp8-paged", "sglang-fp8-kv-scales", 0.01, "g.sglang_fp8(path)"),
     ("swa-layer-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots", 0.01, "g.sglang_plan(patch, path)"),
     ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
+    ("swa-paged-plan-window", "sglang-swa-paged-plan-window-left", 0.01, "g.sglang_plan(patch, path)"),
     ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
     ("cross-attn-decode-plan", "sglang-cross-attn-decode-plan-lens", 0.01, "g.sglang_plan(patch, path)"),
     ("merge-state-launch-limit", "sglang-merge-state-launch-limit", 0.01, "g.sglang_merge(patch, path)"),
