@@ -571,11 +571,13 @@ class Declaration:
                 [build(rule.after, dict(b, RAN=ast.Pass())) for _, b in found] + rule.new_parameters())
             out.append((rule, modname, qualname, func))
         for (modname, _), (func, built) in news.items():  # one function's hunks together: a name one binds, another reads
-            names.setdefault(modname, set()).update(_free_names(built, func) - {  # not those the code read already
-                n.id for n in walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})  # (a bound
-            # metavariable's: an earlier patch of the series may have given the module that global, through its ``needs``)
+            names.setdefault(modname, set()).update(_free_names(built, func))
+        # a name the code read already and a registered patch's ``needs`` provides: an earlier series member's global
+        given = {n.id for func, _ in news.values() for n in walk(func) if isinstance(n, ast.Name)} & {
+            n for p in _registry._patches.values() for n, m in (getattr(p.rule, "needs", None) or {}).items()
+            if _provides(m, n)}
         for modname, read in names.items():  # the names each hunk's new code reads, as prepare() asks its module
-            lacking = [n for n in sorted(read) if not _source.binds(modname, n, tree=trees[modname])
+            lacking = [n for n in sorted(read - given) if not _source.binds(modname, n, tree=trees[modname])
                        and not (n in self.needs and _provides(self.needs[n], n))]
             if lacking:
                 return Shape(UNKNOWN, lacks(lacking[0], modname, self.needs)), None, None
