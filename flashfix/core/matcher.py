@@ -465,6 +465,14 @@ def _arguments(func):
     return [] if a is None else a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x is not None]
 
 
+def _series_global(name, news):
+    """Is ``name`` an earlier series member's global: read already by the code a hunk edits (``news``: the
+    function -> its new code, as ``Declaration.shape`` holds them) and given by a registered patch's ``needs``?"""
+    return any(isinstance(n, ast.Name) and n.id == name for func, _ in news.values() for n in walk(func)) and any(
+        _provides(m, name) for p in _registry._patches.values() for n, m in (getattr(p.rule, "needs", None) or {}).items()
+        if n == name)
+
+
 def _provides(modname, name):
     """Does ``modname`` bind ``name``? flashfix's own modules are asked as imported (the doctor judges
     with its own flashfix, whatever environment it reads), an engine's from its source."""
@@ -572,13 +580,9 @@ class Declaration:
             out.append((rule, modname, qualname, func))
         for (modname, _), (func, built) in news.items():  # one function's hunks together: a name one binds, another reads
             names.setdefault(modname, set()).update(_free_names(built, func))
-        # a name the code read already and a registered patch's ``needs`` provides: an earlier series member's global
-        given = {n.id for func, _ in news.values() for n in walk(func) if isinstance(n, ast.Name)} & {
-            n for p in _registry._patches.values() for n, m in (getattr(p.rule, "needs", None) or {}).items()
-            if _provides(m, n)}
         for modname, read in names.items():  # the names each hunk's new code reads, as prepare() asks its module
-            lacking = [n for n in sorted(read - given) if not _source.binds(modname, n, tree=trees[modname])
-                       and not (n in self.needs and _provides(self.needs[n], n))]
+            lacking = [n for n in sorted(read) if not _source.binds(modname, n, tree=trees[modname])
+                       and not (n in self.needs and _provides(self.needs[n], n)) and not _series_global(n, news)]
             if lacking:
                 return Shape(UNKNOWN, lacks(lacking[0], modname, self.needs)), None, None
         if self.check is not None:  # what only the imported engine can tell: the doctor's row says so
