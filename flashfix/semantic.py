@@ -220,15 +220,15 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables), ``constraints`` (dict:
     metavariable -> regex on its code), ``every`` (bool: replace every match), ``parameters``
     (``name=literal`` str(s): new keyword-only parameters), ``absent_unless_mentioned``
-    (str: not-affected where the code never mentions it; else an absent target is unknown-shape). ``$SELF``:
+    (str: not-affected where the code never mentions it; else an absent target: unknown-shape). ``$SELF``:
     the first parameter; ``$RAN``, a statement of ``after``: the one-time marker. ``hunks``: tuple
     of ``Rule(module, function, before, after, **keywords)``, all applied or none. ``sites``: tuple of
     ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple of one
     ``(module, function)`` per hunk). ``needs``: dict ``{name: module}``, globals the new code reads that the
     target may lack. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape``
-    that decides; ``check``: callable ``(module)``, at apply time. Either refuses by raising ``ShapeError``:
-    unknown-shape, its message the reason. ``requires``:
-    ``{distribution: specifiers}`` the fixed code needs; unmet: known-unfixed. ``memory``: str, the GPU memory it adds. See docs/writing-a-backport.md."""
+    that decides; ``check``: callable ``(module)``, at apply. Either refuses by raising ``ShapeError``
+    (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
+    ``{distribution: specifiers}`` the fix needs; unmet: known-unfixed. ``memory``: str, the GPU memory it adds. See docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")
     if not delete_when:
         raise ValueError("backport %s: its doc has no 'Delete when:' paragraph" % id)
