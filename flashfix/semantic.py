@@ -209,14 +209,14 @@ def needed_globals(module, names, needs):
 def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=None, function=None,  # noqa: N802
              before=None, after=None, hunks=(), sites=None, needs=None, context=None, check=None, requires=None, memory=None,
              **rule):
-    """A declarative backport (patterns: the module docstring), as a ``flashfix.core.registry.Patch``.
+    """A declarative backport (patterns: the module docstring), a ``flashfix.core.registry.Patch``.
 
-    Required ``str``s: ``id`` (unique: prefix it with your own), ``engine`` (``vllm``, ``sglang``,
+    Required ``str``s: ``id`` (unique: your own prefix), ``engine`` (``vllm``, ``sglang``,
     ``flashinfer-python``), ``versions`` (PEP 440: where the pre-fix form is patched), ``upstream`` (the PR's
-    URL), ``fixed_in``, ``summary`` (one line), ``doc`` (why, how, ``Delete when:``). One hunk: ``module``,
+    URL), ``fixed_in``, ``summary`` (a line), ``doc`` (why, how, ``Delete when:``). One hunk: ``module``,
     ``function`` (``"Class.method"``, ``"function"``, a class, or None: the module's top level), ``before``,
     ``after`` (str patterns), and ``Rule``'s optional keywords: ``where``, ``inside`` (str patterns),
-    ``fixed_if`` (str or tuple of str: the fix is in; default ``after``), ``fixed``, ``buggy`` (str reasons,
+    ``fixed_if`` (str or tuple of str: the fix is in; default ``after``; False: none), ``fixed``, ``buggy`` (str reasons,
     ``str.format``: ``{line}``, ``{name}``, ``{form}``, the metavariables), ``constraints`` (dict:
     metavariable -> regex on its code), ``every`` (bool: replace every match), ``parameters``
     (``name=literal`` str(s): new keyword-only parameters), ``absent_unless_mentioned``
@@ -226,7 +226,7 @@ def Backport(*, id, engine, versions, upstream, fixed_in, summary, doc, module=N
     ``(module, function)``, the first hunk's function per release layout (or per layout, a tuple of one
     ``(module, function)`` per hunk). ``needs``: dict ``{name: module}``, globals the new code reads that the
     target may lack. ``context``: callable ``(tree, func) -> dict`` of bindings for ``after``, or a ``Shape``
-    that decides; ``check``: callable ``(module)``, at apply. Either refuses by raising ``ShapeError``
+    that decides; ``check``: callable ``(module)``, at apply. Each refuses by raising ``ShapeError``
     (``from flashfix.semantic import ShapeError``): unknown-shape, its message the reason. ``requires``:
     ``{distribution: specifiers}`` the fix needs; unmet: known-unfixed. ``memory``: str, the GPU memory it adds. See docs/writing-a-backport.md."""
     delete_when = " ".join(doc.partition("Delete when:")[2].split("\n\n")[0].split()).rstrip(".")

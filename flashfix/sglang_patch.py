@@ -16,8 +16,8 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 #   ``window_left``: carried (sglang-swa-paged-plan-window-left), with the keyword parameter upstream adds
 #   to FlashInferIndicesUpdaterPrefill.call_begin_forward (``Rule(parameters=...)``).
 # * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. Carried
-#   from 0.5.11 (sglang-swa-ragged-prefix-extend-slots); 0.5.1-0.5.10's call_begin_forward takes no
-#   custom mask (upstream's fix needs the parameter 0.5.11 added): known-unfixed there.
+#   (sglang-swa-ragged-prefix-extend-slots from 0.5.11; on 0.5.1-0.5.10, whose call_begin_forward takes no
+#   custom mask, sglang-swa-ragged-prefix-extend-slots-0.5.10, which adds 0.5.11's parameter).
 # * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): encoder-only layers run causal in forward_extend:
 #   carried as sglang-encoder-only-paged-causal and sglang-encoder-only-ragged-causal (series with the
 #   FP8-scale patch).
@@ -213,23 +213,34 @@ def swa_prefix_custom_mask(window, prefix_lens, seq_lens, kv_start_idx):
     return torch.cat(blocks) if outside else None
 
 
-def _takes_custom_mask(tree, func):
-    """0.5.1 to 0.5.10: ``call_begin_forward`` takes no custom mask for a normal extend (0.5.11 added
-    ``cross_attention_custom_mask``); passing one there needs a new parameter, which flashfix does not carry."""
+def _custom_mask_parameter(tree):
+    """Whether the release's ``call_begin_forward`` takes ``cross_attention_custom_mask`` (0.5.11 on)."""
     updater = _source.find_def(tree, "FlashInferIndicesUpdaterPrefill.call_begin_forward")
     args = updater.args if updater is not None else None
-    if args is not None and "cross_attention_custom_mask" in [a.arg for a in args.args + args.kwonlyargs]:
+    return args is not None and "cross_attention_custom_mask" in [a.arg for a in args.args + args.kwonlyargs]
+
+
+def _takes_custom_mask(tree, func):
+    """0.5.11 on, where ``call_begin_forward`` takes a custom mask for a normal extend; older releases are
+    ``SWA_PREFIX_OLD_ID``'s, which adds the parameter."""
+    if _custom_mask_parameter(tree):
         return {}
-    return Shape(ABSENT, "FlashInferIndicesUpdaterPrefill.call_begin_forward takes no custom mask before 0.5.11 "
-                         "(sglang#26513 would add a parameter to it): known-unfixed there, see %s" % SWA_PREFIX_OLD_ID)
+    return Shape(ABSENT, "FlashInferIndicesUpdaterPrefill.call_begin_forward takes no custom mask before 0.5.11: "
+                         "#26513 is carried there as %s, which adds the parameter" % SWA_PREFIX_OLD_ID)
+
+
+def _takes_no_custom_mask(tree, func):
+    """0.5.1 to 0.5.10 only: from 0.5.11 the parameter exists and ``SWA_PREFIX_ID`` carries #26513 (from 0.5.13
+    the update_sliding_window hunk's fixed form says fixed-upstream, before this is asked)."""
+    if not _custom_mask_parameter(tree):
+        return {}
+    return Shape(ABSENT, "FlashInferIndicesUpdaterPrefill.call_begin_forward takes a custom mask (0.5.11 on): #26513 "
+                         "is carried there as %s" % SWA_PREFIX_ID)
 
 
 SWA_PREFIX_OLD_ID = "sglang-swa-ragged-prefix-extend-slots-0.5.10"
-SWA_RAGGED_PREFIX_SLOTS = Backport(
-    id=SWA_PREFIX_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
-    upstream="https://github.com/sgl-project/sglang/pull/26513", context=_takes_custom_mask,
-    needs={"swa_prefix_custom_mask": "flashfix.sglang_patch"},
-    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.update_sliding_window", before="""
+# update_sliding_window and forward_extend: sglang#26513 on every release 0.5.1-0.5.12.post1
+_SWA_PREFIX_HUNKS = (Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.update_sliding_window", before="""
 if $ID == 0:
     paged_kernel_lens = torch.minimum($$$M)
     $$$SWA
@@ -268,7 +279,12 @@ $R2 = prefill_wrapper_paged.forward_return_lse($$$B, **$$$KW2, window_left=$WL)"
                 where="prefill_wrapper_paged.forward($$$_, window_left=$WL, **$$$_)",
                 fixed_if="$_.forward_return_lse($$$_, window_left=$_, **$$$_)",
                 fixed="{name} passes window_left to both passes of the ragged + paged split",
-                buggy="{name} (line {line}): the ragged + paged split's forward_return_lse calls pass no window_left")),
+                buggy="{name} (line {line}): the ragged + paged split's forward_return_lse calls pass no window_left"))
+SWA_RAGGED_PREFIX_SLOTS = Backport(
+    id=SWA_PREFIX_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
+    upstream="https://github.com/sgl-project/sglang/pull/26513", context=_takes_custom_mask,
+    needs={"swa_prefix_custom_mask": "flashfix.sglang_patch"},
+    hunks=_SWA_PREFIX_HUNKS,
     summary="sliding-window models, ragged + paged extend over a cached prefix: the sliding-window layers' paged "
             "pass reads the prefix's last window, masked per query, not the extend slots written after it",
     doc="""Why: on a prefix-cache hit, forward_extend runs the new tokens through the ragged wrapper and
@@ -285,10 +301,33 @@ $R2 = prefill_wrapper_paged.forward_return_lse($$$B, **$$$KW2, window_left=$WL)"
     reads it only from a module planned with a window, which these releases do not plan
     (sglang#31501), so the mask is what keeps the window. The mask is built on the host from the
     lengths (one device-to-host copy per plan, as upstream).
-    Affected: 0.5.1 to 0.5.12.post1; carried from 0.5.11, whose call_begin_forward takes a custom
-    mask (0.5.1 to 0.5.10: known-unfixed, %s).
+    Affected: 0.5.1 to 0.5.12.post1; this id on 0.5.11 to 0.5.12.post1, whose call_begin_forward
+    takes a custom mask (0.5.1 to 0.5.10: %s, which adds the parameter).
 
     Delete when: flashfix no longer supports SGLang older than 0.5.13.""" % SWA_PREFIX_OLD_ID)
+
+SWA_RAGGED_PREFIX_SLOTS_OLD = Backport(
+    id=SWA_PREFIX_OLD_ID, engine="sglang", versions=">=0.5.1", fixed_in="0.5.13",
+    upstream="https://github.com/sgl-project/sglang/pull/26513", context=_takes_no_custom_mask,
+    needs={"swa_prefix_custom_mask": "flashfix.sglang_patch"},
+    hunks=(Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.call_begin_forward", before="custom_mask = None",
+                after="custom_mask = cross_attention_custom_mask", parameters="cross_attention_custom_mask=None",
+                fixed_if=False,  # 0.5.11's form, which is not the fix: from 0.5.13 update_sliding_window's form says fixed
+                buggy="{name} (line {line}) plans a normal extend with no custom mask and takes none"),) + _SWA_PREFIX_HUNKS,
+    summary="sliding-window models, ragged + paged extend over a cached prefix (0.5.1 to 0.5.10): as "
+            "sglang-swa-ragged-prefix-extend-slots, call_begin_forward given the custom-mask parameter 0.5.11 added",
+    doc="""Why: as sglang-swa-ragged-prefix-extend-slots (sglang#26513): the sliding-window layers' paged pass
+    of a ragged extend over a cached prefix reads extend slots whose K/V are written only after it,
+    and prefix keys outside each query's window.
+    How: the same two hunks as that patch (update_sliding_window plans the sliding-window wrapper
+    over the prefix's last window with a per-query mask; forward_extend's two forward_return_lse
+    calls get window_left), and a third: FlashInferIndicesUpdaterPrefill.call_begin_forward gains the
+    keyword-only parameter ``cross_attention_custom_mask=None``, which 0.5.11 added (as a positional
+    one), and plans a normal extend with it instead of no mask; speculative extends keep their own.
+    Every other caller passes nothing and gets exactly the release's plan.
+    Affected: 0.5.1 to 0.5.10.post1 (0.5.11 and 0.5.12.post1: sglang-swa-ragged-prefix-extend-slots).
+
+    Delete when: flashfix no longer supports SGLang older than 0.5.11.""")
 
 
 
@@ -299,9 +338,8 @@ def _after_26513(tree, func):
     earlier in the series) and has nothing to complete without it."""
     if find(pattern("$_._build_swa_prefix_custom_mask($$$_)"), [func]) or find(pattern("swa_prefix_custom_mask($$$_)"), [func]):
         return {}
-    return Shape(ABSENT, "update_sliding_window predates sglang#26513 (no prefix-only plan for the SWA wrapper): "
-                         "both wrappers' ragged plans cover unwritten extend slots there; flashfix carries #26513 "
-                         "from 0.5.11 (%s), not on the older call_begin_forward, which takes no custom mask" % SWA_PREFIX_ID)
+    return Shape(ABSENT, "update_sliding_window predates sglang#26513 (no prefix-only plan for the SWA wrapper), "
+                         "which this fix completes: %s or %s comes first in its series" % (SWA_PREFIX_ID, SWA_PREFIX_OLD_ID))
 
 
 SWA_FULL_ATTN_RAGGED_PREFIX = Backport(
@@ -332,29 +370,23 @@ else:
     How: as upstream, on the ragged path the full-attention wrapper is planned over prefix_lens from
     slot 0 (upstream sums the host copy of the prefix lengths where the release has it; this sums
     the device tensor, as the SWA branch beside it does). The paged-only path is unchanged.
-    Affected: 0.5.1 to 0.5.20; patched on 0.5.11 to 0.5.20: on 0.5.11 and 0.5.12.post1 judged on the
-    code sglang-swa-ragged-prefix-extend-slots (#26513) leaves, before it in update_sliding_window's
-    series (0.5.1 to 0.5.10: the bug inside the unfixed #26513 shape, see _after_26513).
+    Affected: 0.5.1 to 0.5.20; to 0.5.12.post1 judged on the code #26513's backport leaves
+    (sglang-swa-ragged-prefix-extend-slots, on 0.5.1 to 0.5.10 its -0.5.10 form), before it in
+    update_sliding_window's series (see _after_26513).
 
     Delete when: flashfix no longer supports SGLang older than 0.5.21.""")
 
 
 PATCHES = (FP8_KV_SCALES, SM120_FP8_AUTOTUNE, VISION_CONFIG, EAGLE_DRAFT_GRAPH_KV_INDICES,
-           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_RAGGED_PREFIX_SLOTS, SWA_FULL_ATTN_RAGGED_PREFIX)
+           EAGLE_MLA_DRAFT_GRAPH_KV_INDICES, PER_LAYER_HEADS_PLAN, SWA_RAGGED_PREFIX_SLOTS, SWA_RAGGED_PREFIX_SLOTS_OLD,
+           SWA_FULL_ATTN_RAGGED_PREFIX)
 
 
 # --- known, not carried (the doctor names them: ``known-unfixed``) -----------------------------
 
 from flashfix.semantic import Known, Rule  # noqa: E402
 
-KNOWN = (Known(
-    id=SWA_PREFIX_OLD_ID, engine="sglang", versions=">=0.5.1,<0.5.11",
-    upstream="https://github.com/sgl-project/sglang/pull/26513",
-    summary="sliding-window models, ragged + paged extend over a cached prefix: the paged pass's range covers extend "
-            "slots whose K/V are written only after it (stale data merged into the output)",
-    why_not="the fix passes a custom mask to FlashInferIndicesUpdaterPrefill.call_begin_forward, which takes none "
-            "before 0.5.11 (a new parameter); flashfix carries it from 0.5.11 (%s)" % SWA_PREFIX_ID),
-)
+KNOWN = ()
 
 
 # --- MoE and crash fixes ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from conftest import REPO
 MLA = "sglang-mla-chunked-prefix-lse-base"
 CAP = "sglang-flashinfer-logit-softcap-plan"  # known-unfixed until flashfix carried it (tests/test_softcap_plan.py)
 WINDOW = "sglang-swa-paged-plan-window-left"  # sglang#31501: a known row until it was carried (fixed in 0.5.16)
-SWA_OLD = "sglang-swa-ragged-prefix-extend-slots-0.5.10"  # sglang#26513 before 0.5.11: known, not carried
+SWA_OLD = "sglang-swa-ragged-prefix-extend-slots-0.5.10"  # sglang#26513 before 0.5.11: a known row until carried
 COUNTER = "vllm-trtllm-multi-cta-kv-counter"
 MLA_FILE = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 
@@ -55,7 +55,7 @@ def test_sglang_0_5_23_carries_the_mla_lse_fix_and_the_soft_cap_as_flashfix_own(
     assert cap["verdict"] == "patch" and cap["fixed_in"].startswith("none") and "sglang#34093" in cap["upstream"], cap
     assert "flashfix's own fix: no SGLang release has one" in cap["reason"], cap["reason"]
     assert rows[WINDOW]["verdict"] == "fixed-upstream", rows[WINDOW]  # carried now; fixed in 0.5.16
-    assert SWA_OLD not in rows, rows[SWA_OLD]  # known, fixed in 0.5.13: named only where the engine read is affected
+    assert rows[SWA_OLD]["verdict"] == "fixed-upstream", rows[SWA_OLD]  # carried now (0.5.1-0.5.10); fixed in 0.5.13
     text = doctor("--strict", "--path", str(site))
     assert text.returncode == 0
     lines = text.stdout.splitlines()
@@ -97,7 +97,7 @@ def test_no_vllm_release_reports_the_dropped_counter_row():
     site = _site("vllm==0.33.0")
     proc = doctor("--strict", "--json", "--path", str(site))
     assert proc.returncode == 0, proc.stderr
-    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] in (SWA_OLD, COUNTER)] == []
+    assert [r["id"] for r in json.loads(proc.stdout) if r["id"] == COUNTER] == []
     code = '''
 import json, sys
 sys.path.insert(0, "scripts")
@@ -115,4 +115,4 @@ def test_status_does_not_list_known_fixes():
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     ids = json.loads(out.stdout)
-    assert "sglang-fp8-kv-scales" in ids and MLA in ids and CAP in ids and WINDOW in ids and SWA_OLD not in ids and COUNTER not in ids
+    assert "sglang-fp8-kv-scales" in ids and MLA in ids and CAP in ids and WINDOW in ids and SWA_OLD in ids and COUNTER not in ids

@@ -212,14 +212,14 @@ def test_derived_doctor(release):
          CLAMP: "fixed" if swa_fixed else "buggy", CUTLASS_DIMS: "fixed" if swa_fixed else "buggy",
          MLA_PADDED: "fixed" if swa_fixed else "buggy", MERGE_LIMIT: "fixed", MERGE_BASE: "buggy", MLA_LSE: "buggy",
          SOFT_CAP: "buggy"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, WINDOW) + ENCODER, "fixed")), d["probe"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, released.SWA_PREFIX_OLD_ID, WINDOW) + ENCODER, "fixed")), d["probe"]
     # the shipped declarations (open above: a later build without #34217 is the same code) patch it
     assert {pid: v[0] for pid, v in d["shipped"].items()} == dict(
         {FP8: "patch", VISION: "patch", AUTOTUNE: "fixed-upstream", SWA_FULL: "fixed-upstream" if swa_fixed else "patch",
          CLAMP: "fixed-upstream" if swa_fixed else "known-unfixed",  # 0.5.18's FlashInfer 0.6.17 takes no clamp
          CUTLASS_DIMS: "fixed-upstream" if swa_fixed else "patch", MLA_PADDED: "fixed-upstream" if swa_fixed else "patch",
          MERGE_LIMIT: "fixed-upstream", MERGE_BASE: "patch", MLA_LSE: "patch", SOFT_CAP: "patch"},
-        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, WINDOW) + ENCODER, "fixed-upstream")), d["shipped"]
+        **dict.fromkeys(LATER + (XATTN, PCG, TRITON_HEADS, released.SWA_PREFIX, released.SWA_PREFIX_OLD_ID, WINDOW) + ENCODER, "fixed-upstream")), d["shipped"]
     assert d["widened"] == d["shipped"]  # nothing needed widening
 
 
@@ -233,7 +233,7 @@ def test_derived_patched_at_runtime_and_reverted(release):
                            CUTLASS_DIMS: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_PADDED: "fixed-upstream" if release == "0.5.23" else "applied",
                            MLA_LSE: "applied", SOFT_CAP: "applied", MERGE_BASE: "not-affected"},  # MERGE_BASE: defined only where FlashInfer is available: not on a CPU
-                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX, WINDOW) + LATER + ENCODER,
+                          **dict.fromkeys((AUTOTUNE, XATTN, PCG, TRITON_HEADS, MERGE_LIMIT, released.SWA_PREFIX, released.SWA_PREFIX_OLD_ID, WINDOW) + LATER + ENCODER,
                                           "fixed-upstream")), r["status"]
     assert r["functions"]["autotune_site"][1] == "should_run_flashinfer_autotune"
     for pid in DERIVED:

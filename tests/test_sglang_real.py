@@ -22,6 +22,7 @@ VISION = "sglang-vision-config"
 DRAFT, MLA_DRAFT = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
 HEADS = "sglang-per-layer-heads-plan"
 SWA_FULL, SWA_PREFIX = "sglang-swa-full-attn-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots"
+SWA_PREFIX_OLD_ID = SWA_PREFIX + "-0.5.10"  # sglang#26513 on 0.5.1-0.5.10 (with call_begin_forward's custom-mask parameter)
 IDS = (FP8, AUTOTUNE, VISION, DRAFT, MLA_DRAFT, HEADS, SWA_FULL)
 
 PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", MLA_DRAFT: "fixed-upstream",
@@ -60,6 +61,8 @@ for _release, _verdicts in EXPECTED.items():
     _verdicts["sglang-piecewise-graph-paged-prefill"] = "fixed-upstream"  # sglang#20061, fixed in 0.5.10
     _verdicts[SOFT_CAP] = "patch"  # sglang#33915 (flashfix's own): no release has the fix
     _verdicts[SWA_PREFIX] = "patch" if _release == "0.5.11" else "fixed-upstream"  # sglang#26513, fixed in 0.5.13
+    # its 0.5.1-0.5.10 form: on 0.5.11 the fix is SWA_PREFIX's, earlier in the series
+    _verdicts[SWA_PREFIX_OLD_ID] = "covered" if _release == "0.5.11" else "fixed-upstream"
     _verdicts["sglang-encoder-only-paged-causal"] = _verdicts["sglang-encoder-only-ragged-causal"] = "fixed-upstream"  # 0.5.11
     _verdicts["sglang-triton-per-layer-heads-buffers"] = (  # sglang#32625's Triton half, fixed in 0.5.17
         "patch" if _release in ("0.5.11", "0.5.13", "0.5.14") else "fixed-upstream")

@@ -46,11 +46,11 @@ def _vllm(sink, lse, pages, sharing, reload):
 
 
 EXPECTED = {
-    ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected", "patch"),
-    ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected", "patch"),
-    ("sglang", "0.5.5"): _sglang("patch", "not-affected", "not-affected", "patch"),
-    ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch", "patch"),
-    ("sglang", "0.5.10.post1"): _sglang("patch", "not-affected", "patch", "patch"),  # #26513: known-unfixed (no mask)
+    ("sglang", "0.5.1"): _sglang("patch", "not-affected", "not-affected", "patch", swa_full="patch"),
+    ("sglang", "0.5.1.post3"): _sglang("patch", "not-affected", "not-affected", "patch", swa_full="patch"),
+    ("sglang", "0.5.5"): _sglang("patch", "not-affected", "not-affected", "patch", swa_full="patch"),
+    ("sglang", "0.5.5.post1"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch"),
+    ("sglang", "0.5.10.post1"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch"),  # #26513: -0.5.10
     ("sglang", "0.5.11"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch", swa_prefix="patch"),
     ("sglang", "0.5.12.post1"): _sglang("patch", "not-affected", "patch", "patch", swa_full="patch", swa_prefix="patch"),
     ("sglang", "0.5.13"): _sglang("patch", "not-affected", "patch", "fixed-upstream", swa_full="patch"),
@@ -75,6 +75,11 @@ EXPECTED = {
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
+SWA_OLD = SWA_PREFIX + "-0.5.10"  # sglang#26513 on 0.5.1-0.5.10.post1 (call_begin_forward takes no custom mask there)
+for (_dist, _version), _verdicts in EXPECTED.items():
+    if _dist == "sglang":
+        _verdicts[SWA_OLD] = ("patch" if _verdicts[SWA_PREFIX] == "not-affected" else "covered"
+                              if _verdicts[SWA_PREFIX] == "patch" else "fixed-upstream")
 CLAMP, GATE = "sglang-trtllm-fp8-moe-swiglu-limit", "vllm-trtllm-fp8-moe-swiglu-gate"
 for (_dist, _version), _verdicts in EXPECTED.items():  # the MoE fixes (SGLang 0.5.18 pins FlashInfer 0.6.17)
     if _dist == "sglang":
@@ -173,8 +178,9 @@ def test_reasons_name_what_decided(sweep):
     assert "draft_kv_indices_buffer_width" in rows["sglang", "0.5.13"][DRAFT]["reason"]
     assert "plans every layer for model_runner.model_config.num_attention_heads" in rows["sglang", "0.5.16"][HEADS]["reason"]
     assert "get_max_num_attention_heads" in rows["sglang", "0.5.17"][HEADS]["reason"]
-    assert "predates sglang#26513" in rows["sglang", "0.5.10.post1"][SWA_FULL]["reason"]
+    assert "on the code %s leave(s)" % SWA_OLD in rows["sglang", "0.5.10.post1"][SWA_FULL]["reason"]
     assert "takes no custom mask before 0.5.11" in rows["sglang", "0.5.10.post1"][SWA_PREFIX]["reason"]
+    assert "%s earlier in the series" % SWA_PREFIX in rows["sglang", "0.5.12.post1"][SWA_OLD]["reason"]
     assert "on the code %s leave(s)" % SWA_PREFIX in rows["sglang", "0.5.12.post1"][SWA_FULL]["reason"]
     assert "on the code %s leave(s)" % FP8 in rows["sglang", "0.5.12.post1"][SWA_PREFIX]["reason"]
     assert "extend slots not yet written" in rows["sglang", "0.5.20"][SWA_FULL]["reason"]

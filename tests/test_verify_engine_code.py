@@ -483,17 +483,22 @@ def test_sglang_mla_chunk_every_release_in_one_process():
 
 
 def test_sglang_swa_layer_every_release_in_range_in_one_process():
-    """sglang-swa-ragged-prefix-extend-slots (sglang#26513) on 0.5.11 and 0.5.12.post1, the releases it patches: the
-    engine's update_sliding_window plans the sliding-window wrapper and forward_extend (patched: its series with
-    the FP8-scale fix) runs the ragged + paged branch of a sliding-window layer. As released that wrapper's paged
-    range is the window before each request's end, extend slots included, unmasked; patched, the prefix's last
-    window with a custom mask (one row per new token, one column per cached key read)."""
-    from flashfix.sglang_patch import SWA_RAGGED_PREFIX_SLOTS as patch
+    """sglang#26513 on every final release 0.5.1 to 0.5.12.post1: sglang-swa-ragged-prefix-extend-slots on 0.5.11
+    on, its -0.5.10 form (with the custom-mask parameter it adds to call_begin_forward) before. The engine's
+    update_sliding_window plans the sliding-window wrapper through call_begin_forward (the patch's or the release's)
+    and forward_extend (patched: its series with the FP8-scale fix) runs the ragged + paged branch of a
+    sliding-window layer. As released that wrapper's paged range is the window before each request's end, extend
+    slots included, unmasked; patched, the prefix's last window with a custom mask (one row per new token, one
+    column per cached key read)."""
+    from packaging.version import Version
+
+    from flashfix.sglang_patch import SWA_RAGGED_PREFIX_SLOTS as patch, SWA_RAGGED_PREFIX_SLOTS_OLD as old
     from flashfix.tools.gpu_checks import SWA_LAYER_REQUESTS, SWA_WINDOW
 
-    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.11", patch.fixed_in)
-    assert [v for v, _ in trees] == ["0.5.11", "0.5.12", "0.5.12.post1"], trees
-    out = sweep_check(trees, patch.id, "sglang_plan")
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", patch.fixed_in)
+    older = [(v, t) for v, t in trees if Version(v) < Version("0.5.11")]
+    assert len(older) >= 20 and [v for v, _ in trees[len(older):]] == ["0.5.11", "0.5.12", "0.5.12.post1"], trees
+    out = dict(sweep_check(older, old.id, "sglang_plan"), **sweep_check(trees[len(older):], patch.id, "sglang_plan"))
     released = sum(min(p + n, SWA_WINDOW + n) for p, n in SWA_LAYER_REQUESTS) + 256
     patched = sum(min(p, SWA_WINDOW) for p, _ in SWA_LAYER_REQUESTS) + 256
     mask = sum(min(p, SWA_WINDOW) * n for p, n in SWA_LAYER_REQUESTS)

@@ -291,9 +291,10 @@ class Rule:
                  fixed=None, buggy=None, fixed_if=None, constraints=None, every=False, parameters=()):
         self.module, self.function, self.name = module, function, function or module
         self.parameters = tuple(parameters or ())  # ((name, default), ...): keyword-only parameters it adds
-        self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if is None  # derivable: ``after``
-        self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else fixed_if or [  # upstream's
-            re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)]  # form (derive_prefix turns it back), without $RAN
+        self.word, self.every, self.derivable = absent_unless_mentioned, every, fixed_if in (None, False)  # ``after``
+        self._texts = before, after, where, inside, [fixed_if] if isinstance(fixed_if, str) else [] if fixed_if is False else (
+            fixed_if or [re.sub(r"(?m)^[ \t]*\$RAN[ \t]*(\n|$)", "", after)])  # upstream's form (derive_prefix turns it
+        # back), without $RAN; False: the hunk has none of its own (a parameter the fix needs), the other hunks tell
         before, after = (parsed := self._parse())["before"], parsed["after"]  # a pattern that is not Python fails here
         self.constraints = {k: re.compile(v) for k, v in (constraints or {}).items()}
         self.ran = any(isinstance(n, ast.Expr) and _meta(n.value) == "RAN" for n in walk(after))

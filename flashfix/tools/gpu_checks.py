@@ -819,21 +819,22 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     extend)."""
     import collections
     import torch
-    swa, cross, layer, paged = (patch_id == "sglang-%s" % n for n in (
+    swa, cross, layer, old, paged = (patch_id == "sglang-%s" % n for n in (
         "swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens", "swa-ragged-prefix-extend-slots",
-        "swa-paged-plan-window-left"))
+        "swa-ragged-prefix-extend-slots-0.5.10", "swa-paged-plan-window-left"))
+    layer = layer or old  # sglang#26513 (old: on 0.5.1-0.5.10, with the custom-mask parameter of call_begin_forward)
     swa = swa or layer or paged  # layer: sglang#26513, a sliding-window layer (its patch rewrites forward_extend too)
     requests = requests or (XATTN_REQUESTS if cross else SWA_LAYER_REQUESTS if layer or paged else SWA_REQUESTS)
     module, rows, head, pairs, fi, device = _engine(patch_id, path, [
         "update_sliding_window" if swa else "update_cross_attention" if cross else "Prefill.__init__"] + (
-        ["forward_extend"] if layer else ["Prefill.call_begin_forward"] if paged else []), fi)
+        ["forward_extend"] if layer else []) + (["Prefill.call_begin_forward"] if paged or old else []), fi)
     if not pairs:
         return rows
     # (the updater's function, the forward it is followed by), live and kept: the patch's own forward_extend where it
     # rewrites one (each run with its own), else the live forward for both
     forward = getattr(module.FlashInferAttnBackend, "forward_%s" % ("decode" if cross else "extend"))
-    ((live, original), (live_forward, original_forward)) = pairs if layer else pairs[:1] + [(forward, forward)]
-    planner = dict(zip(("live", "original"), pairs[1])) if paged else {}  # the updater's call_begin_forward
+    ((live, original), (live_forward, original_forward)) = pairs[:2] if layer else pairs[:1] + [(forward, forward)]
+    planner = dict(zip(("live", "original"), pairs[-1])) if paged or old else {}  # the updater's call_begin_forward
     live, original = (live, live_forward, planner.get("live")), (original, original_forward, planner.get("original"))
     calls, bs, i32, bf16 = Calls(live[0].__code__.co_filename), len(requests), torch.int32, torch.bfloat16
     cache = PagedBatch([(1 if cross else n, p + n) for p, n in requests], page_size=1, head_dim=head_dim, seed=seed,
