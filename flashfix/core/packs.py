@@ -114,9 +114,9 @@ def _root(reader, value):
     return base.replace("/", os.sep) or os.sep
 
 
-def load(entry):
-    """``entry``'s ``PATCHES``, checked (``Problem`` with the reason when the pack must be
-    skipped). Imports the pack: never call it holding a lock."""
+def load(entry, kind):
+    """``entry``'s ``PATCHES``, checked to be ``kind`` objects (the registry's ``Patch``; ``Problem`` with the
+    reason when the pack must be skipped). Imports the pack: never call it holding a lock."""
     module, _, attrs = entry.value.partition(":")
     try:
         target = _import(module.strip(), entry.root)
@@ -131,20 +131,18 @@ def load(entry):
         patches = tuple(declared)
     except TypeError:
         raise Problem("its PATCHES is not an iterable of Patch objects") from None
-    return check(patches)
+    return check(patches, kind)
 
 
 class Problem(Exception):
     """A pack that cannot be loaded; the message says why."""
 
 
-def check(patches):
-    """``patches`` if every one is a well-formed ``Patch`` with its own id, else ``Problem``."""
-    from flashfix.core.registry import Patch
-
+def check(patches, kind):
+    """``patches`` if every one is a well-formed ``kind`` (``Patch``) with its own id, else ``Problem``."""
     seen = set()
     for i, patch in enumerate(patches):
-        if not isinstance(patch, Patch):
+        if not isinstance(patch, kind):
             raise Problem("PATCHES[%d] is a %s, not a flashfix Patch" % (i, type(patch).__name__))
         text = [f for f in ("id", "engine", "versions", "upstream", "fixed_in", "summary")
                 if not isinstance(getattr(patch, f), str) or not getattr(patch, f).strip()]

@@ -57,6 +57,11 @@ class NotBound(ShapeError):
     helpers only where FlashInfer is available): none of it runs in this process, which is not affected."""
 
 
+def first_line(statement):
+    """A statement's first line: a decorated def's starts at its first decorator."""
+    return min([statement.lineno] + [d.lineno for d in getattr(statement, "decorator_list", ())])
+
+
 MARK_NAME = "__flashfix_mark__"  # the module global through which marked code reports its first run
 
 # Shape-probe results.
@@ -483,7 +488,7 @@ def _declare(entry):
     if key in _declared:
         return _declared[key]
     try:
-        patches = _packs.load(entry)  # never under _lock: an import may wait on another thread
+        patches = _packs.load(entry, Patch)  # never under _lock: an import may wait on another thread
     except _packs.Problem as exc:
         return _skip(key, entry, str(exc))
     with _lock:
@@ -559,7 +564,7 @@ def _foreign(r):
             if not getattr(r, "run_packs", False):  # reading a build never executes it
                 raise _packs.Problem("not run: reading an environment never executes its code (--run-packs imports "
                                      "the pack here, executing it, to judge its patches)")
-            loaded = _packs.load(entry)
+            loaded = _packs.load(entry, Patch)
             taken = [p.id for p in loaded if p.id in own or p.id in seen]
             if taken:
                 raise _packs.Problem("the id %s is already taken by another pack or by flashfix" % ", ".join(taken))

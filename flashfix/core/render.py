@@ -20,7 +20,7 @@ import difflib
 import itertools
 import re
 
-from flashfix.core.source import ShapeError, _first_line
+from flashfix.core.registry import ShapeError, first_line as _first_line  # (not from source, which imports this)
 
 BLOCKS = ("body", "orelse", "finalbody")
 

@@ -31,7 +31,7 @@ import weakref
 from collections import namedtuple
 
 from flashfix.core import locate as _locate
-from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference, mangled  # noqa: F401  (defined in the
+from flashfix.core.registry import MARK_NAME, NotBound, ShapeError, code_difference, first_line as _first_line, mangled  # noqa: F401  (defined in the
 # registry, which every process imports; this module only when something is decided: flashfix.core.lazy)
 
 
@@ -494,10 +494,6 @@ def _def_node(func, tree=None):
                 if _first_line(node) == line or node.lineno == line:  # a decorated def too
                     return node
     raise ShapeError("cannot find the source of %s in %s" % (func.__qualname__, code.co_filename))
-
-
-def _first_line(statement):
-    return min([statement.lineno] + [d.lineno for d in getattr(statement, "decorator_list", ())])
 
 
 def _top_level_imports(tree):
