@@ -60,6 +60,9 @@ def main(argv=None):
     diff.add_argument("ids", nargs="*", metavar="ID", help="patch ids (default: every patch)")
     diff.add_argument("--marker", action="store_true",
                       help="show the rewritten code as it is until its first run, with the one-time marker line")
+    diff.add_argument("--series", action="store_true",
+                      help="then, for each function that several of the patches shown rewrite, the installed code "
+                           "against the code the whole series runs")
     _add_sources(diff)
     verify = sub.add_parser("verify", help="on this GPU: check that the fixes are in force and numerically right "
                                            "(exit 0 pass, 1 fail, 2 bad --path or --only, 3 no GPU, "
@@ -93,7 +96,7 @@ def main(argv=None):
                 return _doctor.run(as_json=args.json, strict=args.strict, reader=reader)
             from flashfix.tools import diff as _diff
 
-            return _diff.run(args.ids, reader=reader, marker=args.marker)
+            return _diff.run(args.ids, reader=reader, marker=args.marker, whole_series=args.series)
     except _locate.SourceError as exc:
         sys.stderr.write("flashfix %s: %s\n" % (args.command, exc))
         return 2

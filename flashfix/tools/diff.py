@@ -96,6 +96,19 @@ class Location(namedtuple("Location", "module qualname origin first last")):
         return "%s lines %d-%d" % (self.origin, self.first, self.last)
 
 
+class Series(namedtuple("Series", "module qualname members origin text rendered")):
+    """A function that several patches rewrite: the installed text against the code the whole series runs,
+    its members' edits made in series order (``_registry.series_trees``), compiled once from this text."""
+
+    def write(self, out, marker=False):
+        out.write("=" * 100 + "\n")
+        out.write("series of %s.%s: %s, in this order; the function is compiled once from the text below\n" % (
+            self.module, self.qualname, ", ".join(self.members)))
+        if self.rendered.whole:
+            out.write("# the function is written whole by ast.unparse (its installed text could not hold the edits)\n")
+        out.writelines(_file_diff(self.text, self.rendered, self.rendered.PLAIN))
+
+
 class PatchDiff:
     def __init__(self, patch, verdict, reason, version):
         self.patch, self.verdict, self.reason, self.version = patch, verdict, reason, version
@@ -199,6 +212,32 @@ class Planner:
                                     "%s.%s" % (from_module, from_name), definition(from_module, from_name)))
 
 
+def series(diffs, reader=None, functions=None):
+    """A ``Series`` for each function that more than one patch of ``diffs`` (``plan``'s of every patch, in series
+    order) that would apply declares; ``functions``: only these ``(module, qualname)``s."""
+    members = {}
+    for result in diffs:
+        for function in sorted(_registry._declared_functions(result.patch)) if result.verdict == "patch" else ():
+            members.setdefault(function, []).append(result.patch)
+    out = []
+    with _locate.reading(reader or _locate.reader()):
+        for (module, qualname), patches in members.items():
+            if len(patches) < 2 or functions is not None and (module, qualname) not in functions:
+                continue
+            try:
+                found, tree = _module(module)
+                original = _source.find_def(tree, qualname)
+                if not isinstance(original, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue  # not in this layout (a declaration's other sites)
+                copies = _registry.series_trees(patches, {module: tree})
+                rendered = _source.render_edit(found.text, original, _source.find_def(copies[module], qualname),
+                                               found.origin)
+            finally:
+                _source.forget()
+            out.append(Series(module, qualname, [p.id for p in patches], found.origin, found.text, rendered))
+    return out
+
+
 def plan(ids=None, reader=None):
     """One ``PatchDiff`` per patch (those named, else all), planned from the source read."""
     from flashfix.tools import doctor as _doctor
@@ -269,9 +308,10 @@ def write(diffs, out, marker=False):
     return problems
 
 
-def run(ids=None, reader=None, marker=False, out=None):
+def run(ids=None, reader=None, marker=False, out=None, whole_series=False):
     """``flashfix diff``: 0 when every patch named could be shown, 1 when one that would
-    apply cannot be planned from source, 2 for an unknown id."""
+    apply cannot be planned from source, 2 for an unknown id. ``whole_series``: then, for each function that
+    several of them rewrite, the code the whole series runs (``Series``)."""
     out = out or sys.stdout
     with _locate.reading(reader or _locate.reader()):
         known = [p.id for p in _registry.load_all()]
@@ -288,4 +328,14 @@ def run(ids=None, reader=None, marker=False, out=None):
         return 2
     if reader is not None:
         out.write("environment read: %s\n" % reader.describe())
-    return 1 if write(diffs, out, marker) else 0
+    problems = write(diffs, out, marker)
+    if whole_series:
+        try:
+            shown = {f for d in diffs if d.verdict == "patch" for f in _registry._declared_functions(d.patch)}
+            for found in series(plan(None, reader) if ids else diffs, reader, shown):  # every member, named or not
+                out.write("\n")
+                found.write(out)
+        except ShapeError as exc:
+            out.write("series: cannot be shown: %s\n" % exc)
+            problems += 1
+    return 1 if problems else 0
