@@ -195,7 +195,7 @@ def assert_diff_is_what_runs(result, patch_id, kinds):
     check = result["checks"][patch_id]
     assert [row["kind"] for row in check["rows"]] == kinds
     assert check["planned"] == check["runtime"] == len(kinds)
-    expected_runtime = {"rewrite": "SwapCode", "replace": "SetAttr", "add-name": "SetAttr"}
+    expected_runtime = {"rewrite": "SwapCode", "replace": "SetAttr", "add-name": "SetAttr", "series": "SwapCode"}
     for row in check["rows"]:
         assert row["runtime"] == expected_runtime[row["kind"]], row
         if row["kind"] == "rewrite":
@@ -209,6 +209,9 @@ def assert_diff_is_what_runs(result, patch_id, kinds):
             # and the runtime compiled the very text: positions (lines and columns) are the text's
             assert row["positions_equal_plain"] and row["positions_equal_marked"], row
             assert row["ast_positions_differ"], "the positions check could not tell"
+        elif row["kind"] == "series":  # planned on the code the earlier members leave: that text, compiled, is the series'
+            assert row["qualname"][0] == row["qualname"][1] and row["sections"] >= 1, row
+            assert row["diff_equals_series"] is None and row["earlier_in_runtime"], row
         elif row["kind"] == "replace":
             assert row["owner"][0] == row["owner"][1] and row["name"][0] == row["name"][1]
             assert row["value_is_replacement"]
@@ -230,6 +233,13 @@ def assert_diff_is_what_runs(result, patch_id, kinds):
 ])
 def test_diff_is_what_runs_sglang_0_5_17(patch_id, kinds):
     assert_diff_is_what_runs(diff_check("sglang==0.5.17", "installed"), patch_id, kinds)
+
+
+def test_diff_of_a_patch_judged_on_an_earlier_ones_code_sglang_0_5_11():
+    """sglang-swa-full-attn-ragged-prefix completes #26513 (sglang-swa-ragged-prefix-extend-slots, before it in
+    update_sliding_window's series): its diff is its own hunk on the code that one leaves, and that text compiles
+    to the code the registry composes for the two."""
+    assert_diff_is_what_runs(diff_check("sglang==0.5.11", "installed"), "sglang-swa-full-attn-ragged-prefix", ["series"])
 
 
 @pytest.mark.parametrize("patch_id, kinds", [

@@ -111,7 +111,7 @@ def made_again(patch, runtime):
 
 
 def same_code(a, b):
-    return (a is not None and _source.code_difference(a, b) is None and positions(a) == positions(b)
+    return (a is not None and b is not None and _source.code_difference(a, b) is None and positions(a) == positions(b)
             and (a.co_filename, a.co_firstlineno, getattr(a, "co_qualname", None))
             == (b.co_filename, b.co_firstlineno, getattr(b, "co_qualname", None)))
 
@@ -155,6 +155,18 @@ for result in plans:
             # positions differ from the swapped code's, so the positions check above can tell
             straight = _source._compile(_source._like(func), _render._strip_markers(copy.deepcopy(change.edited)), tree)
             row["ast_positions_differ"] = positions(straight) != positions(done.plain)
+        elif change.kind == "series" and done is not None:  # its own hunk, on the code the earlier members leave
+            func = done.func
+            tree = _source.parse_text(*_source.function_source(func))
+            hunks = [h for old, new, h in vet_helpers.file_diffs(printed[False]) if new.endswith("(with %s)" % result.patch.id)]
+            row["qualname"] = [change.qualname, func.__qualname__]
+            row["sections"] = len(hunks)
+            after = vet_helpers.apply_unified_diff(change.text, hunks[index]) if index < len(hunks) else None
+            compiled = _source._compile(_source._like(func), _source.find_def(ast.parse(after), change.qualname), tree)
+            stack = _registry._stacks[id(func)]  # the series through this patch, as the registry composes it
+            composed = _registry.compose(func, change.earlier + [result.patch.id], stack.original)[1]
+            row["diff_equals_series"] = _source.code_difference(compiled, composed)
+            row["earlier_in_runtime"] = all(i in stack.ids for i in change.earlier + [result.patch.id])
         elif done is None:
             pass
         elif change.kind == "replace":

@@ -109,6 +109,24 @@ class Series(namedtuple("Series", "module qualname members origin text rendered"
         out.writelines(_file_diff(self.text, self.rendered, self.rendered.PLAIN))
 
 
+class OnSeries(namedtuple("OnSeries", "patch_id module qualname origin text rendered earlier")):
+    """A patch planned on the code the patches before it in its functions' series leave (``earlier``, their ids):
+    ``text``, the module's source with that code in place of the function; ``rendered``, this patch's edit of it."""
+    kind = "series"
+
+    def write(self, out, marker=False):
+        out.write("# %s.%s: this patch's own change, on the code %s leave(s) before it in the function's series (line\n"
+                  "# numbers of that text); the function is compiled once from the whole series (flashfix diff --series)\n"
+                  % (self.module, self.qualname, ", ".join(self.earlier)))
+        if self.rendered.whole:
+            out.write("# the function is written whole by ast.unparse (that text could not hold the edit)\n")
+        lines = _lines(self.text, closed=True)
+        end = self.rendered.start + len(_lines(self.rendered.before)) - 1
+        after = lines[: self.rendered.start - 1] + _lines(self.rendered.text(self.rendered.PLAIN)) + lines[end:]
+        out.writelines(difflib.unified_diff(lines, after, "%s (as %s leave(s) it)" % (self.origin, ", ".join(
+            self.earlier)), "%s (with %s)" % (self.origin, self.patch_id), n=3))
+
+
 class PatchDiff:
     def __init__(self, patch, verdict, reason, version):
         self.patch, self.verdict, self.reason, self.version = patch, verdict, reason, version
@@ -245,7 +263,7 @@ def plan(ids=None, reader=None):
     with _locate.reading(reader or _locate.reader()):
         rows, _ = _doctor.diagnose()
         patches = {p.id: p for p in _registry.load_all()}
-        out = []
+        out, applying = [], [patches[r["id"]] for r in rows if r["verdict"] == "patch"]  # in series order
         for row in [r for r in rows if not ids or r["id"] in ids]:
             result = PatchDiff(patches[row["id"]], row["verdict"], row["reason"], row["engine_version"])
             out.append(result)
@@ -256,15 +274,43 @@ def plan(ids=None, reader=None):
                 result.problem = "the patch declares no source-only plan: its code cannot be shown"
                 continue
             recorder = Planner(row["id"])
+            mine = _registry._declared_functions(result.patch)
+            earlier = [p for p in applying[:applying.index(result.patch)] if _registry._declared_functions(p) & mine]
             try:
                 planner(recorder)
-            except ShapeError as exc:
+            except ShapeError as exc:  # where it is judged on the code earlier members leave, planned on it
                 result.problem = "would not apply: %s" % exc
+                try:
+                    result.changes, result.problem = (_on_series(result.patch, earlier), None) if earlier else ([], result.problem)
+                except ShapeError as again:
+                    result.problem = "would not apply on the code %s leave(s): %s" % (", ".join(p.id for p in earlier), again)
             else:
                 result.changes = recorder.changes
             finally:
                 _source.forget()
     return out
+
+
+def _on_series(patch, earlier):
+    """``OnSeries`` changes of ``patch`` on the code the ``earlier`` members of its series leave: that code written
+    as text (the text the runtime would compile for them), then this patch's edit rendered on it."""
+    changes = []
+    for module, qualname in sorted(_registry._declared_functions(patch)):
+        found, tree = _module(module)
+        original = _source.find_def(tree, qualname)
+        if not isinstance(original, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue  # a site of another layout
+        left = _source.render_edit(found.text, original, _source.find_def(
+            _registry.series_trees(earlier, {module: tree})[module], qualname), found.origin)
+        lines, end = _lines(found.text, closed=True), left.start + len(_lines(left.before)) - 1
+        text = "".join(lines[: left.start - 1] + _lines(left.text(left.PLAIN)) + lines[end:])
+        base = _source.parse_text(text, found.origin)
+        node, edited = _source.find_def(base, qualname), _source.find_def(
+            _registry.series_trees([patch], {module: base})[module], qualname)
+        if ast.dump(node) != ast.dump(edited):  # (else the patch changes nothing here)
+            changes.append(OnSeries(patch.id, module, qualname, found.origin, text,
+                                    _source.render_edit(text, node, edited, found.origin), [p.id for p in earlier]))
+    return changes
 
 
 # --- printing ---------------------------------------------------------------------------------
