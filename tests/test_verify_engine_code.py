@@ -275,15 +275,16 @@ def test_vllm_lse_every_release_in_range_in_one_process(patch, calls):
 
 
 def test_sglang_swa_every_release_in_range_in_one_process():
-    """sglang-swa-full-attn-ragged-prefix on every final release from 0.5.13 to 0.5.20: the
-    engine's update_sliding_window plans both wrappers, forward_extend runs the ragged + paged
-    branch of the full-attention layer; as released the full wrapper's paged range covers whole
-    sequences (kv_indices sized sum(seq) + 256), patched the cached prefix only."""
+    """sglang-swa-full-attn-ragged-prefix on every final release from 0.5.1 to 0.5.20 (to 0.5.12.post1 judged and
+    applied on the code #26513's backport leaves, its series): the engine's update_sliding_window plans both
+    wrappers, forward_extend runs the ragged + paged branch of the full-attention layer; as released the full
+    wrapper's paged range covers whole sequences (kv_indices sized sum(seq) + 256), patched the cached prefix
+    only."""
     from flashfix.sglang_patch import SWA_FULL_ATTN_RAGGED_PREFIX as patch
     from flashfix.tools.gpu_checks import SWA_REQUESTS
 
-    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.13", patch.fixed_in)
-    assert len(trees) >= 10, trees
+    trees = release_trees("sglang", "sglang.srt.layers.attention.flashinfer_backend", "0.5.1", patch.fixed_in)
+    assert len(trees) >= 40, trees
     out = sweep_check(trees, patch.id, "sglang_plan")
     seq_sum, prefix_sum = sum(p + n for p, n in SWA_REQUESTS), sum(p for p, _ in SWA_REQUESTS)
     bad = {}
