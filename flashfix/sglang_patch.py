@@ -17,7 +17,7 @@ probe decides from the source text alone. Checked with the engine imported on 0.
 #   to FlashInferIndicesUpdaterPrefill.call_begin_forward (``Rule(parameters=...)``).
 # * #26513 (0.5.13; 0.5.1-0.5.12): the ragged + paged SWA extend reads not-yet-written slots. Carried
 #   (sglang-swa-ragged-prefix-extend-slots from 0.5.11; on 0.5.1-0.5.10, whose call_begin_forward takes no
-#   custom mask, sglang-swa-ragged-prefix-extend-slots-0.5.10, which adds 0.5.11's parameter).
+#   custom mask, sglang-swa-ragged-prefix-slots-0.5.10, which adds 0.5.11's parameter).
 # * 0.5.11 (PR not identified; 0.5.1-0.5.10.post1): encoder-only layers run causal in forward_extend:
 #   carried as sglang-encoder-only-paged-causal and sglang-encoder-only-ragged-causal (series with the
 #   FP8-scale patch).
@@ -238,7 +238,7 @@ def _takes_no_custom_mask(tree, func):
                          "is carried there as %s" % SWA_PREFIX_ID)
 
 
-SWA_PREFIX_OLD_ID = "sglang-swa-ragged-prefix-extend-slots-0.5.10"
+SWA_PREFIX_OLD_ID = "sglang-swa-ragged-prefix-slots-0.5.10"
 # update_sliding_window and forward_extend: sglang#26513 on every release 0.5.1-0.5.12.post1
 _SWA_PREFIX_HUNKS = (Rule(_BACKEND, "FlashInferIndicesUpdaterPrefill.update_sliding_window", before="""
 if $ID == 0:

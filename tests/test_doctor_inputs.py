@@ -100,7 +100,7 @@ def test_invalid_version_gives_a_clean_verdict(tmp_path, version):
     fixed = {"sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices",
              "sglang-per-layer-heads-plan", "sglang-cross-attn-decode-plan-lens",
              "sglang-merge-state-launch-limit", "sglang-piecewise-graph-paged-prefill",
-             "sglang-triton-per-layer-heads-buffers", "sglang-swa-ragged-prefix-extend-slots", "sglang-swa-ragged-prefix-extend-slots-0.5.10",
+             "sglang-triton-per-layer-heads-buffers", "sglang-swa-ragged-prefix-extend-slots", "sglang-swa-ragged-prefix-slots-0.5.10",
              "sglang-encoder-only-paged-causal", "sglang-encoder-only-ragged-causal",
              "sglang-swa-paged-plan-window-left"}  # fixed in 0.5.17's code: no version needed
     absent = {"sglang-trtllm-fp8-moe-swiglu-limit"}  # 0.5.17's code has no such function: that needs no version either

@@ -16,7 +16,7 @@ from conftest import REPO
 MLA = "sglang-mla-chunked-prefix-lse-base"
 CAP = "sglang-flashinfer-logit-softcap-plan"  # known-unfixed until flashfix carried it (tests/test_softcap_plan.py)
 WINDOW = "sglang-swa-paged-plan-window-left"  # sglang#31501: a known row until it was carried (fixed in 0.5.16)
-SWA_OLD = "sglang-swa-ragged-prefix-extend-slots-0.5.10"  # sglang#26513 before 0.5.11: a known row until carried
+SWA_OLD = "sglang-swa-ragged-prefix-slots-0.5.10"  # sglang#26513 before 0.5.11: a known row until carried
 COUNTER = "vllm-trtllm-multi-cta-kv-counter"
 MLA_FILE = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 

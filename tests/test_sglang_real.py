@@ -22,7 +22,7 @@ VISION = "sglang-vision-config"
 DRAFT, MLA_DRAFT = "sglang-eagle-draft-graph-kv-indices", "sglang-eagle-mla-draft-graph-kv-indices"
 HEADS = "sglang-per-layer-heads-plan"
 SWA_FULL, SWA_PREFIX = "sglang-swa-full-attn-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots"
-SWA_PREFIX_OLD_ID = SWA_PREFIX + "-0.5.10"  # sglang#26513 on 0.5.1-0.5.10 (with call_begin_forward's custom-mask parameter)
+SWA_PREFIX_OLD_ID = "sglang-swa-ragged-prefix-slots-0.5.10"  # sglang#26513 on 0.5.1-0.5.10 (with call_begin_forward's custom-mask parameter)
 IDS = (FP8, AUTOTUNE, VISION, DRAFT, MLA_DRAFT, HEADS, SWA_FULL)
 
 PATCH = {FP8: "patch", AUTOTUNE: "patch", VISION: "patch", DRAFT: "fixed-upstream", MLA_DRAFT: "fixed-upstream",

@@ -75,7 +75,7 @@ EXPECTED = {
     ("flashinfer-python", "0.6.17"): {JIT: "patch"},
     ("flashinfer-python", "0.7.4"): {JIT: "fixed-upstream"},
 }
-SWA_OLD = SWA_PREFIX + "-0.5.10"  # sglang#26513 on 0.5.1-0.5.10.post1 (call_begin_forward takes no custom mask there)
+SWA_OLD = "sglang-swa-ragged-prefix-slots-0.5.10"  # sglang#26513 on 0.5.1-0.5.10.post1 (call_begin_forward takes no custom mask there)
 for (_dist, _version), _verdicts in EXPECTED.items():
     if _dist == "sglang":
         _verdicts[SWA_OLD] = ("patch" if _verdicts[SWA_PREFIX] == "not-affected" else "covered"

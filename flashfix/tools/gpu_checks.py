@@ -821,7 +821,7 @@ def sglang_plan(patch_id, path=None, requests=None, window=SWA_WINDOW, head_dim=
     import torch
     swa, cross, layer, old, paged = (patch_id == "sglang-%s" % n for n in (
         "swa-full-attn-ragged-prefix", "cross-attn-decode-plan-lens", "swa-ragged-prefix-extend-slots",
-        "swa-ragged-prefix-extend-slots-0.5.10", "swa-paged-plan-window-left"))
+        "swa-ragged-prefix-slots-0.5.10", "swa-paged-plan-window-left"))
     layer = layer or old  # sglang#26513 (old: on 0.5.1-0.5.10, with the custom-mask parameter of call_begin_forward)
     swa = swa or layer or paged  # layer: sglang#26513, a sliding-window layer (its patch rewrites forward_extend too)
     requests = requests or (XATTN_REQUESTS if cross else SWA_LAYER_REQUESTS if layer or paged else SWA_REQUESTS)

@@ -41,7 +41,7 @@ CHECKS = (
     ("layer-heads-plan", "vllm-layer-heads-plan", 0.01, "g.vllm_forward(patch, path)"),
     ("fp8-paged", "sglang-fp8-kv-scales", 0.01, "g.sglang_fp8(path)"),
     ("swa-layer-ragged-prefix", "sglang-swa-ragged-prefix-extend-slots", 0.01, "g.sglang_plan(patch, path)"),
-    ("swa-layer-ragged-prefix-0.5.10", "sglang-swa-ragged-prefix-extend-slots-0.5.10", 0.01, "g.sglang_plan(patch, path)"),
+    ("swa-layer-ragged-prefix-0.5.10", "sglang-swa-ragged-prefix-slots-0.5.10", 0.01, "g.sglang_plan(patch, path)"),
     ("swa-full-attn-ragged", "sglang-swa-full-attn-ragged-prefix", 0.01, "g.sglang_plan(patch, path)"),
     ("swa-paged-plan-window", "sglang-swa-paged-plan-window-left", 0.01, "g.sglang_plan(patch, path)"),
     ("per-layer-heads-plan", "sglang-per-layer-heads-plan", 0.01, "g.sglang_plan(patch, path)"),
